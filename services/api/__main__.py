@@ -1,0 +1,60 @@
+"""Regenerate (or, with ``--check``, verify) the protobuf code in ``services/api``."""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PROTO_ROOT = REPO / "proto"
+PACKAGE_DIR = Path("services") / "api"
+SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+
+
+def generate(out_root: Path) -> list[Path]:
+    """Run protoc over every .proto file, writing generated modules under ``out_root``."""
+    from grpc_tools import protoc
+
+    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PACKAGE_DIR).glob("*.proto"))
+    args = [
+        "protoc",
+        f"-I{PROTO_ROOT}",
+        f"--python_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        f"--mypy_out={out_root}",
+        f"--mypy_grpc_out={out_root}",
+        *protos,
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+    return sorted(p for p in (out_root / PACKAGE_DIR).iterdir() if p.name.endswith(SUFFIXES))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.api", description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if the committed code is stale")
+    args = parser.parse_args()
+    if not args.check:
+        for path in generate(REPO):
+            print(f"wrote {path.relative_to(REPO)}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = {p.name: p for p in generate(Path(tmp))}
+        current = {p.name: p for p in (REPO / PACKAGE_DIR).iterdir() if p.name.endswith(SUFFIXES)}
+        stale = sorted(
+            name
+            for name in fresh.keys() | current.keys()
+            if name not in fresh or name not in current or not filecmp.cmp(fresh[name], current[name], False)
+        )
+    if stale:
+        print("generated protobuf code is stale, run `python -m services.api`: " + ", ".join(stale))
+        return 1
+    print("generated protobuf code is current")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Code shared by every process: settings, logging, tracing, errors, gRPC and NATS plumbing."""

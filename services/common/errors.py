@@ -1,0 +1,138 @@
+"""The mesh's one exception tree, and its single mapping to gRPC status and in-band errors.
+
+Every process raises these; the gRPC boundary (:func:`to_grpc_status`, :func:`from_rpc_error`) and
+the proto boundary (:func:`to_proto`, :func:`from_proto`) convert them both ways so an error keeps
+its category across hops. The gateway maps the same categories to each HTTP API's error shape.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from services.api import common_pb2
+
+
+class MeshError(Exception):
+    """Base of every error the mesh reports to a client."""
+
+    code: int = common_pb2.ERROR_CODE_INTERNAL
+    grpc_status: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    http_status: int = 500
+
+    def __init__(self, message: str, *, param: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(MeshError):
+    """The request is malformed or asks for something the model cannot do."""
+
+    code = common_pb2.ERROR_CODE_INVALID_REQUEST
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+    http_status = 400
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt (plus max_tokens) does not fit the model's context."""
+
+    code = common_pb2.ERROR_CODE_CONTEXT_LENGTH
+    grpc_status = grpc.StatusCode.OUT_OF_RANGE
+    http_status = 400
+
+
+class NotFoundError(MeshError):
+    """An unknown model or resource."""
+
+    code = common_pb2.ERROR_CODE_NOT_FOUND
+    grpc_status = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+
+
+class UnavailableError(MeshError):
+    """No worker (or downstream service) can take the request now."""
+
+    code = common_pb2.ERROR_CODE_UNAVAILABLE
+    grpc_status = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+
+
+class UnauthenticatedError(MeshError):
+    """Missing or wrong API key."""
+
+    code = common_pb2.ERROR_CODE_UNAUTHENTICATED
+    grpc_status = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
+
+
+class CancelledError(MeshError):
+    """The client went away."""
+
+    code = common_pb2.ERROR_CODE_CANCELLED
+    grpc_status = grpc.StatusCode.CANCELLED
+    http_status = 499
+
+
+class InternalError(MeshError):
+    """A bug or an unexpected failure inside the mesh."""
+
+
+_BY_CODE: dict[int, type[MeshError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequestError,
+        ContextLengthError,
+        NotFoundError,
+        UnavailableError,
+        UnauthenticatedError,
+        CancelledError,
+        InternalError,
+    )
+}
+_BY_STATUS: dict[grpc.StatusCode, type[MeshError]] = {cls.grpc_status: cls for cls in _BY_CODE.values()}
+_BY_STATUS[grpc.StatusCode.DEADLINE_EXCEEDED] = UnavailableError
+_BY_STATUS[grpc.StatusCode.RESOURCE_EXHAUSTED] = UnavailableError
+
+# gRPC trailing-metadata key carrying the offending field, so `param` survives a hop.
+PARAM_METADATA_KEY = "harnessmesh-error-param"
+
+
+def to_proto(error: MeshError) -> common_pb2.Error:
+    return common_pb2.Error(code=error.code, message=error.message, param=error.param)  # type: ignore[arg-type]
+
+
+def from_proto(error: common_pb2.Error) -> MeshError:
+    cls = _BY_CODE.get(error.code, InternalError)
+    return cls(error.message, param=error.param)
+
+
+def as_mesh_error(exc: BaseException) -> MeshError:
+    """Any exception as a MeshError (unknown ones become InternalError, keeping the cause)."""
+    if isinstance(exc, MeshError):
+        return exc
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return from_rpc_error(exc)
+    err = InternalError(f"{type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError) -> MeshError:
+    cls = _BY_STATUS.get(exc.code(), InternalError)
+    param = ""
+    for key, value in exc.trailing_metadata() or ():
+        if key == PARAM_METADATA_KEY:
+            param = value if isinstance(value, str) else value.decode()
+    details = exc.details() or exc.code().name
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and cls is UnavailableError and "failed to connect" in details:
+        details = "a downstream service is unreachable: " + details
+    err = cls(details, param=param)
+    err.__cause__ = exc
+    return err
+
+
+async def abort_with(context: grpc.aio.ServicerContext[object, object], error: MeshError) -> None:
+    """End an RPC with the error's gRPC status (before any stream frame was sent)."""
+    if error.param:
+        context.set_trailing_metadata(((PARAM_METADATA_KEY, error.param),))
+    await context.abort(error.grpc_status, error.message)

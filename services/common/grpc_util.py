@@ -1,0 +1,62 @@
+"""gRPC plumbing shared by every process: servers with health and tracing, traced channels."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.common.tracing import Tracing
+
+# Generous limits: prompts of 200K tokens travel as one message.
+CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+
+class GrpcServer:
+    """A grpc.aio server with the standard health service and tracing interceptors."""
+
+    def __init__(self, tracing: Tracing | None, host: str, port: int) -> None:
+        interceptors = tracing.server_interceptors() if tracing is not None else ()
+        self.server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC server to {host}:{port}")
+        self.host = host
+
+    @property
+    def address(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+def open_channel(target: str, tracing: Tracing | None) -> grpc.aio.Channel:
+    """An insecure channel whose calls carry the current trace context."""
+    interceptors = tracing.client_interceptors() if tracing is not None else None
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=interceptors)
+
+
+async def check_health(channel: grpc.aio.Channel, timeout: float = 1.0) -> bool:
+    """True when the service behind ``channel`` reports SERVING."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+    except grpc.aio.AioRpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,38 @@
+"""Process entry helpers: uvloop, signal handling, one structured start-up event."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from services.common.logging import configure_logging
+from services.common.settings import as_log_dict
+
+
+def run_service(service: str, settings: Any, serve: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
+    """Configure logging, log the settings once, and run ``serve(settings, stop)`` until SIGINT/SIGTERM.
+
+    ``serve`` must return soon after ``stop`` is set; it owns all its resources.
+    """
+    configure_logging(service, getattr(settings, "log_level", "info"), getattr(settings, "log_format", "json"))
+    structlog.get_logger().info(f"{service}.settings", **as_log_dict(settings))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop)
+
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        asyncio.run(main())
+        return
+    with contextlib.suppress(KeyboardInterrupt):
+        uvloop.run(main())

@@ -1,0 +1,22 @@
+"""NATS subject names. Everything the mesh publishes lives under ``harnessmesh.<namespace>.``."""
+
+from __future__ import annotations
+
+
+def kv_events(namespace: str, worker_id: str) -> str:
+    """KvEventBatch messages of one worker."""
+    return f"harnessmesh.{namespace}.kv.{worker_id}"
+
+
+def kv_events_all(namespace: str) -> str:
+    return f"harnessmesh.{namespace}.kv.*"
+
+
+def heartbeat(namespace: str) -> str:
+    """WorkerHeartbeat messages of every worker."""
+    return f"harnessmesh.{namespace}.workers.heartbeat"
+
+
+def discover(namespace: str) -> str:
+    """A router asks every live worker to heartbeat now."""
+    return f"harnessmesh.{namespace}.workers.discover"
