@@ -1,4 +1,6 @@
-"""Build the repo's demo model directory (``services/common/demo_model``): ``python -m services.common.build_demo_model``.
+"""Build the demo model directory ``services/common/demo_model``.
+
+Run: ``python -m services.common.build_demo_model``.
 
 The demo model is a byte-level BPE tokenizer trained here on a small synthetic corpus, with the
 special tokens of a Qwen3-style format, and a ChatML/Qwen3-style chat template written for this
@@ -24,7 +26,7 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Format markers: single tokens (as in Qwen3), but not "special", so they survive decoding.
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
-WORDS = (
+WORDS = (  # noqa: SIM905 - a word list reads best as prose
     "the a an of to in and or is are was be for on with as by at from this that it not you we they "
     "file files read write edit run test tests build error errors fix bug code function class method "
     "call tool tools result results weather city temperature celsius list directory path search query "

@@ -7,6 +7,8 @@ its category across hops. The gateway maps the same categories to each HTTP API'
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from services.api import common_pb2
@@ -131,7 +133,7 @@ def from_rpc_error(exc: grpc.aio.AioRpcError) -> MeshError:
     return err
 
 
-async def abort_with(context: grpc.aio.ServicerContext[object, object], error: MeshError) -> None:
+async def abort_with(context: Any, error: MeshError) -> None:
     """End an RPC with the error's gRPC status (before any stream frame was sent)."""
     if error.param:
         context.set_trailing_metadata(((PARAM_METADATA_KEY, error.param),))

@@ -52,11 +52,11 @@ def open_channel(target: str, tracing: Tracing | None) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 
-async def check_health(channel: grpc.aio.Channel, timeout: float = 1.0) -> bool:
+async def check_health(channel: grpc.aio.Channel, deadline: float = 1.0) -> bool:
     """True when the service behind ``channel`` reports SERVING."""
     stub = health_pb2_grpc.HealthStub(channel)
     try:
-        reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=deadline)
     except grpc.aio.AioRpcError:
         return False
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

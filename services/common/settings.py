@@ -117,7 +117,7 @@ def add_arguments(
         if seen is not None:
             seen.add(f.name)
         env = env_name(service, f)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
         if env in environ:
             try:
                 default = _convert(f.type, environ[env])

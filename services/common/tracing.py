@@ -14,7 +14,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import grpc
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.sdk.resources import Resource
@@ -62,7 +61,7 @@ class Tracing:
         trace.set_tracer_provider(self.provider)
         self.tracer = self.provider.get_tracer("harnessmesh")
 
-    def server_interceptors(self) -> Sequence[grpc.aio.ServerInterceptor]:
+    def server_interceptors(self) -> Sequence[Any]:
         return [aio_server_interceptor(tracer_provider=self.provider)]
 
     def client_interceptors(self) -> Sequence[Any]:
