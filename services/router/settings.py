@@ -18,7 +18,7 @@ class RouterSettings(CommonSettings):
     port: int = option(50052, "gRPC port of the router (0: pick a free port).", wiring=True)
     nats_url: str = option("nats://127.0.0.1:4222", "NATS server carrying KV events and worker heartbeats.",
                            shared=True)
-    router_mode: str = option("kv", "Placement policy.", choices=ROUTING_MODES)
+    router_mode: str = option("kv", "Placement policy.", choices=ROUTING_MODES, shared=True)
     overlap_weight: float = option(1.0, "Cost weight of prefill blocks a worker would have to compute.")
     worker_timeout: float = option(5.0, "Seconds without a heartbeat after which a worker is forgotten.")
     max_retries: int = option(2, "Other workers to try when a worker fails before its first token.")
