@@ -1,0 +1,124 @@
+"""The starlette application: routes, auth, the request span, and the one error boundary."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+
+from opentelemetry import trace
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.errors import error_response, from_validation_error
+from gateway.models_api import ModelsApi
+from gateway.openai_chat import ChatCompletions
+from gateway.parse_client import ParseClient
+from gateway.settings import GatewaySettings
+from gateway.tokenize_api import TokenizeApi
+from services.common import errors
+
+# Paths open without an API key (probes).
+_PUBLIC_PATHS = frozenset({"/health", "/ready"})
+
+
+class RequestSpanMiddleware:
+    """A root ``gateway.request`` span per HTTP request, current for the whole response.
+
+    Handlers add model/session/trajectory/harness attributes; the gRPC client interceptor
+    propagates the span to the parse service.
+    """
+
+    def __init__(self, app: ASGIApp, tracer: trace.Tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        route = "/v1/models/{model_id}" if path.startswith("/v1/models/") else path
+        status = 0
+
+        async def send_with_status(message: dict[str, object]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])  # type: ignore[call-overload]
+            await send(message)  # type: ignore[arg-type]
+
+        attributes = {"http.route": route, "http.request.method": scope["method"]}
+        with self.tracer.start_as_current_span(
+            "gateway.request", kind=trace.SpanKind.SERVER, attributes=attributes
+        ) as span:
+            await self.app(scope, receive, send_with_status)  # type: ignore[arg-type]
+            span.set_attribute("http.response.status_code", status)
+
+
+class ApiKeyMiddleware:
+    """Rejects requests without one of the configured keys (``Authorization: Bearer`` or ``x-api-key``)."""
+
+    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+        self.app = app
+        self.keys = [k.encode() for k in keys]
+
+    def _allowed(self, request: Request) -> bool:
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        return any(hmac.compare_digest(token.encode(), key) for key in self.keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in _PUBLIC_PATHS and not self._allowed(Request(scope)):
+            err = errors.UnauthenticatedError("Incorrect or missing API key.")
+            await error_response(err)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _on_mesh_error(request: Request, exc: Exception) -> Response:
+    return error_response(exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ValidationError)
+    return error_response(from_validation_error(exc))
+
+
+async def _on_not_found(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 404)
+    err = errors.NotFoundError(f"{request.method} {request.url.path} is not a route of this server")
+    response = error_response(err)
+    if status == 405:
+        response.status_code = 405
+    return response
+
+
+def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Tracer | None = None) -> Starlette:
+    """The gateway's HTTP app over ``parse``; ``tracer`` defaults to the global provider's."""
+    models = ModelsApi(parse)
+    tokenize = TokenizeApi(parse)
+    routes = [
+        Route("/v1/chat/completions", ChatCompletions(parse).handle, methods=["POST"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
+        Route("/health", models.health, methods=["GET"]),
+        Route("/ready", models.ready, methods=["GET"]),
+        Route("/tokenize", tokenize.tokenize, methods=["POST"]),
+        Route("/detokenize", tokenize.detokenize, methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={
+            errors.MeshError: _on_mesh_error,
+            ValidationError: _on_validation_error,
+            404: _on_not_found,
+            405: _on_not_found,
+        },
+    )
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_key)
+    app.add_middleware(RequestSpanMiddleware, tracer=tracer or trace.get_tracer("harnessmesh.gateway"))
+    return app

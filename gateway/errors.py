@@ -1,0 +1,72 @@
+"""The one mapping of mesh errors to OpenAI's error shape, as a JSON response or an SSE event.
+
+``{"error": {"message", "type", "param", "code"}}`` with the status of the error's category.
+Before the first byte of a response the error is an HTTP status; after it, an in-band SSE event
+followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+from services.common import errors
+
+# (type, code) per error class; the most specific class wins (ContextLengthError before InvalidRequest).
+_SHAPES: tuple[tuple[type[errors.MeshError], str, str | None], ...] = (
+    (errors.ContextLengthError, "invalid_request_error", "context_length_exceeded"),
+    (errors.InvalidRequestError, "invalid_request_error", None),
+    (errors.NotFoundError, "not_found_error", "model_not_found"),
+    (errors.UnavailableError, "service_unavailable", "service_unavailable"),
+    (errors.UnauthenticatedError, "authentication_error", "invalid_api_key"),
+    (errors.CancelledError, "cancelled", "cancelled"),
+    (errors.InternalError, "server_error", None),
+)
+
+
+def error_body(error: errors.MeshError) -> dict[str, Any]:
+    """OpenAI's error object for ``error``."""
+    kind, code = "server_error", None
+    for cls, shape_type, shape_code in _SHAPES:
+        if isinstance(error, cls):
+            kind, code = shape_type, shape_code
+            break
+    return {"error": {"message": error.message, "type": kind, "param": error.param or None, "code": code}}
+
+
+def error_response(error: BaseException) -> JSONResponse:
+    """Any exception as an OpenAI-shaped JSON error response with the category's status."""
+    mesh = errors.as_mesh_error(error)
+    return JSONResponse(error_body(mesh), status_code=mesh.http_status)
+
+
+def sse_error(error: BaseException) -> bytes:
+    """An in-band SSE error event followed by the stream terminator."""
+    body = json.dumps(error_body(errors.as_mesh_error(error)), separators=(",", ":"))
+    return f"data: {body}\n\ndata: [DONE]\n\n".encode()
+
+
+def _loc_to_param(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out
+
+
+def from_validation_error(exc: ValidationError) -> errors.InvalidRequestError:
+    """A pydantic validation error as a 400 naming the first offending field."""
+    first = exc.errors()[0]
+    # Union members add their type name to the location (``content.str``); drop those segments.
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS)))
+    param = _loc_to_param(loc)
+    message = f"{param}: {first['msg']}" if param else str(first["msg"])
+    return errors.InvalidRequestError(message, param=param)
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "literal"}

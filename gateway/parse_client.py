@@ -1,0 +1,95 @@
+"""The gateway's one client of the parse service: typed errors, cancellation, a cached model info."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+
+import grpc
+
+from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
+from services.common import errors
+
+
+class ParseClient:
+    """Wraps ``Parse`` over one channel. Every failure surfaces as a ``MeshError``.
+
+    ``chat`` is an async generator: close it (``contextlib.aclosing``) and the gRPC call is
+    cancelled, so a client that goes away cancels the request all the way to the worker.
+    """
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        *,
+        timeout: float = 600.0,
+        probe_timeout: float = 2.0,
+        model_ttl: float = 5.0,
+        served_model_name: str = "",
+    ) -> None:
+        self._stub = parse_pb2_grpc.ParseStub(channel)
+        self._timeout = timeout
+        self._probe_timeout = probe_timeout
+        self._model_ttl = model_ttl
+        self._model: chat_pb2.ModelInfo | None = None
+        self._model_at = 0.0
+        self._served_name = served_model_name
+
+    async def chat(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
+        """Stream the parse service's event batches for ``request``."""
+        call = self._stub.Chat(request, timeout=self._timeout)
+        try:
+            while True:
+                batch = await call.read()
+                if batch is grpc.aio.EOF:
+                    return
+                assert isinstance(batch, chat_pb2.ChatEventBatch)
+                yield batch
+        except grpc.aio.AioRpcError as exc:
+            raise errors.from_rpc_error(exc) from exc
+        finally:
+            call.cancel()
+
+    async def get_model(self, *, fresh: bool = False) -> chat_pb2.ModelInfo:
+        """The parse service's model info, cached for a few seconds."""
+        now = time.monotonic()
+        if not fresh and self._model is not None and now - self._model_at < self._model_ttl:
+            return self._model
+        try:
+            info: chat_pb2.ModelInfo = await self._stub.GetModel(
+                chat_pb2.ModelInfoRequest(), timeout=self._probe_timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise errors.from_rpc_error(exc) from exc
+        self._model, self._model_at = info, now
+        return info
+
+    def public_name(self, info: chat_pb2.ModelInfo) -> str:
+        """The model name clients see: the configured one, else the parse service's."""
+        return self._served_name or info.served_model_name
+
+    async def resolve_model(self, requested: str) -> tuple[str, chat_pb2.ModelInfo]:
+        """The public name for ``requested`` (empty means the served model); unknown names raise 404."""
+        info = await self.get_model()
+        public = self.public_name(info)
+        if requested and requested not in (public, info.served_model_name):
+            raise errors.NotFoundError(
+                f"The model `{requested}` does not exist. This server serves `{public}`.", param="model"
+            )
+        return public, info
+
+    async def tokenize(self, request: parse_pb2.TokenizeRequest) -> parse_pb2.TokenizeResponse:
+        try:
+            reply: parse_pb2.TokenizeResponse = await self._stub.Tokenize(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise errors.from_rpc_error(exc) from exc
+        return reply
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        try:
+            detok: parse_pb2.DetokenizeResponse = await self._stub.Detokenize(
+                parse_pb2.DetokenizeRequest(token_ids=token_ids), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise errors.from_rpc_error(exc) from exc
+        return str(detok.text)

@@ -1,0 +1,114 @@
+"""Composition root of the gateway: channel to parse, HTTP app under uvicorn, gRPC edge server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import structlog
+import uvicorn
+
+from gateway.app import create_app
+from gateway.grpc_edge import AgentServicer
+from gateway.parse_client import ParseClient
+from gateway.settings import GatewaySettings
+from services.api import chat_pb2_grpc
+from services.common.grpc_util import GrpcServer, open_channel
+from services.common.tracing import Tracing
+
+log = structlog.get_logger()
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handlers: the process's ``stop`` event decides when to exit."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Gateway:
+    """The running gateway: HTTP edge + gRPC edge over one channel to the parse service.
+
+    ``start()`` binds both ports (port 0 picks a free one) and returns when both serve;
+    ``stop()`` shuts down both and closes the channel. Tests build it exactly like ``serve``.
+    """
+
+    def __init__(self, settings: GatewaySettings, tracing: Tracing | None) -> None:
+        self.settings = settings
+        self._tracing = tracing
+        self._channel = open_channel(settings.parse_address, tracing)
+        self.parse = ParseClient(
+            self._channel, timeout=settings.request_timeout, served_model_name=settings.served_model_name
+        )
+        self.app = create_app(self.parse, settings, tracing.tracer if tracing is not None else None)
+        self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port)
+        chat_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.parse), self._grpc.server)
+        self._sock = _bind(settings.host, settings.http_port)
+        self.http_port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+        self._http = _Uvicorn(config)
+        self._http_task: asyncio.Task[None] | None = None
+
+    @property
+    def http_url(self) -> str:
+        host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "::", "") else self.settings.host
+        return f"http://{host}:{self.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return self._grpc.address
+
+    async def start(self) -> None:
+        await self._grpc.start()
+        self._http_task = asyncio.create_task(self._http.serve(sockets=[self._sock]))
+        while not self._http.started:
+            if self._http_task.done():
+                await self._http_task  # surfaces the start-up failure
+                raise RuntimeError("the HTTP server exited during start-up")
+            await asyncio.sleep(0.01)
+        log.info("gateway.ready", http_url=self.http_url, grpc_address=self.grpc_address,
+                 parse_address=self.settings.parse_address)
+
+    async def stop(self) -> None:
+        self._http.should_exit = True
+        if self._http_task is not None:
+            await self._http_task
+        else:
+            self._sock.close()
+        await self._grpc.stop(grace=1.0)
+        await self._channel.close()
+        log.info("gateway.stopped")
+
+
+async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
+    """Run the gateway until ``stop`` is set."""
+    tracing = Tracing("harnessmesh-gateway")
+    gateway = Gateway(settings, tracing)
+    try:
+        await gateway.start()
+        await stop.wait()
+    finally:
+        await gateway.stop()
+        tracing.shutdown()
+
+
+__all__ = ["Gateway", "serve"]

@@ -1,0 +1,66 @@
+"""vLLM-compatible ``POST /tokenize`` and ``POST /detokenize`` via the parse service.
+
+Chat input goes through the same conversion as ``/v1/chat/completions``, so the token ids are
+exactly what a chat request would send the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.openai_chat import read_json
+from gateway.openai_convert import convert_message, convert_tools, identity_and_hints
+from gateway.openai_models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
+from gateway.parse_client import ParseClient
+from services.api import chat_pb2, parse_pb2
+from services.common import errors
+
+
+class TokenizeApi:
+    """``/tokenize`` and ``/detokenize`` over a ``ParseClient``."""
+
+    def __init__(self, parse: ParseClient) -> None:
+        self._parse = parse
+
+    async def tokenize(self, request: Request) -> Response:
+        raw = await read_json(request)
+        if not isinstance(raw, dict):
+            raise errors.InvalidRequestError("request body must be a JSON object")
+        if "messages" in raw:
+            body = TokenizeChatRequest.model_validate(raw)
+            _, info = await self._parse.resolve_model(body.model)
+            identity, hints = identity_and_hints(request.headers, None, None)
+            tools = convert_tools(body.tools)
+            chat = chat_pb2.ChatRequest(
+                request_id="tok-" + uuid.uuid4().hex,
+                model=info.served_model_name,
+                messages=[convert_message(m, i) for i, m in enumerate(body.messages)],
+                tools=tools,
+                tool_choice=chat_pb2.ToolChoice(mode="auto"),
+                identity=identity,
+                hints=hints,
+                chat_template_kwargs_json=json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else "",
+                add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+                continue_final_message=body.continue_final_message,
+            )
+            tok = parse_pb2.TokenizeRequest(chat=chat)
+        elif "prompt" in raw:
+            prompt_body = TokenizePromptRequest.model_validate(raw)
+            await self._parse.resolve_model(prompt_body.model)
+            tok = parse_pb2.TokenizeRequest(
+                prompt=prompt_body.prompt, add_special_tokens=prompt_body.add_special_tokens
+            )
+        else:
+            raise errors.InvalidRequestError("give either messages or prompt", param="messages")
+        reply = await self._parse.tokenize(tok)
+        tokens = list(reply.token_ids)
+        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": reply.max_model_len})
+
+    async def detokenize(self, request: Request) -> Response:
+        body = DetokenizeRequest.model_validate(await read_json(request))
+        await self._parse.resolve_model(body.model)
+        return JSONResponse({"prompt": await self._parse.detokenize(body.tokens)})
