@@ -1,0 +1,1 @@
+"""The parse service: owner of the model's format (chat template, tokenizer, output parsers)."""

@@ -1,0 +1,195 @@
+"""The canonical conversation (domain types) and its translation into the inputs of a chat template.
+
+The translation copies what Hugging Face callers pass to ``apply_chat_template``: OpenAI-style message
+dicts with ``reasoning_content`` and ``tool_calls`` (arguments as a mapping), None-valued keys dropped.
+Assistant messages also carry ``segments``: their parts in the order the model produced them, which
+the demo template replays byte-identically (other templates ignore the key).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.errors import InvalidRequestError
+
+BILLING_HEADER = re.compile(r"^x-anthropic-billing-header:.*(?:\n|$)", re.MULTILINE)
+_NOISY_ROLES = ("system", "developer", "user")
+
+
+@dataclass(frozen=True)
+class TextPart:
+    """Visible text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningPart:
+    """The model's reasoning."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallPart:
+    """A tool call the assistant made; ``arguments_json`` exactly as the model wrote it."""
+
+    id: str
+    name: str
+    arguments_json: str
+
+
+Part = TextPart | ReasoningPart | ToolCallPart
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message: a role and its ordered parts."""
+
+    role: str
+    parts: tuple[Part, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool the model may call; ``parameters_json`` is a JSON Schema as text."""
+
+    name: str
+    description: str = ""
+    parameters_json: str = ""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A chat request as far as the prompt is concerned."""
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    template_kwargs_json: str = ""
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+@dataclass(frozen=True)
+class TemplateInput:
+    """What a chat template is rendered with."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+def strip_billing_header(text: str) -> str:
+    """Drop Claude Code's per-session ``x-anthropic-billing-header:`` lines (they break prefix caching)."""
+    return BILLING_HEADER.sub("", text) if "x-anthropic-billing-header:" in text else text
+
+
+def to_template_input(conversation: Conversation, *, strip_billing: bool = True) -> TemplateInput:
+    """Translate ``conversation`` into chat-template inputs; bad JSON raises InvalidRequestError naming the field."""
+    if not conversation.messages:
+        raise InvalidRequestError("messages must not be empty", param="messages")
+    messages = [
+        _message_dict(m, strip_billing=strip_billing and m.role in _NOISY_ROLES) for m in conversation.messages
+    ]
+    tools = [_tool_dict(i, t) for i, t in enumerate(conversation.tools)] or None
+    kwargs: dict[str, Any] = {}
+    if conversation.template_kwargs_json.strip():
+        parsed = _parse_json(conversation.template_kwargs_json, "chat_template_kwargs_json")
+        if not isinstance(parsed, dict):
+            raise InvalidRequestError("chat_template_kwargs_json must be a JSON object",
+                                      param="chat_template_kwargs_json")
+        kwargs = parsed
+    return TemplateInput(
+        messages=messages,
+        tools=tools,
+        kwargs=kwargs,
+        add_generation_prompt=conversation.add_generation_prompt and not conversation.continue_final_message,
+        continue_final_message=conversation.continue_final_message,
+    )
+
+
+def match_text(conversation: Conversation) -> str:
+    """Text of the conversation's last user or tool message (simulated engines pick a script by it)."""
+    for message in reversed(conversation.messages):
+        if message.role in ("user", "tool"):
+            return "".join(p.text for p in message.parts if isinstance(p, TextPart))
+    return ""
+
+
+def _message_dict(message: ChatMessage, *, strip_billing: bool) -> dict[str, Any]:
+    texts = [p.text for p in message.parts if isinstance(p, TextPart)]
+    if strip_billing:
+        stripped = [strip_billing_header(t) for t in texts]
+        texts = [s for s, t in zip(stripped, texts, strict=True) if s or not t] or ([""] if texts else [])
+    reasoning = [p.text for p in message.parts if isinstance(p, ReasoningPart)]
+    calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
+    out: dict[str, Any] = {
+        "role": message.role,
+        "content": "".join(texts) if texts else None,
+        "reasoning_content": "\n".join(reasoning) if reasoning else None,
+    }
+    if calls:
+        out["tool_calls"] = [
+            _drop_none({
+                "id": c.id or None,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _arguments(c.arguments_json)},
+            })
+            for c in calls
+        ]
+    if message.role == "tool":
+        out["tool_call_id"] = message.tool_call_id or None
+        out["name"] = message.name or None
+    if message.role == "assistant" and message.parts:
+        out["segments"] = [_segment(p) for p in message.parts]
+    return _drop_none(out)
+
+
+def _segment(part: Part) -> dict[str, Any]:
+    if isinstance(part, ReasoningPart):
+        return {"type": "reasoning", "text": part.text}
+    if isinstance(part, ToolCallPart):
+        return {"type": "tool_call", "name": part.name, "arguments": _arguments(part.arguments_json)}
+    return {"type": "text", "text": part.text}
+
+
+def _arguments(arguments_json: str) -> Any:
+    """Arguments as a mapping when they parse to one (templates expect that), else the text unchanged."""
+    if not arguments_json.strip():
+        return {}
+    try:
+        parsed = json.loads(arguments_json)
+    except json.JSONDecodeError:
+        return arguments_json
+    return parsed if isinstance(parsed, dict) else arguments_json
+
+
+def _tool_dict(index: int, tool: ToolSpec) -> dict[str, Any]:
+    if not tool.name:
+        raise InvalidRequestError("a tool needs a name", param=f"tools[{index}].name")
+    parameters: Any = {"type": "object", "properties": {}}
+    if tool.parameters_json.strip():
+        parameters = _parse_json(tool.parameters_json, f"tools[{index}].parameters_json")
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": parameters},
+    }
+
+
+def _parse_json(text: str, param: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"{param} is not valid JSON: {exc}", param=param) from exc
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}

@@ -1,0 +1,79 @@
+"""Chat template rendering with Hugging Face's own renderer, plus an injectable template clock."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, cast
+
+import jinja2
+from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+
+from services.common.errors import InvalidRequestError
+from services.parse.conversation import TemplateInput
+
+Clock = Callable[[], datetime]
+
+# Names the renderer passes itself; a template kwarg may not replace them.
+RESERVED_KWARGS = frozenset({
+    "messages", "conversations", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "return_assistant_tokens_mask",
+})
+
+_clock: contextvars.ContextVar[Clock] = contextvars.ContextVar("harnessmesh_template_clock", default=datetime.now)
+
+
+def _strftime_now(fmt: str) -> str:
+    return _clock.get()().strftime(fmt)
+
+
+class ChatTemplateRenderer:
+    """Renders a chat template exactly as ``transformers``' ``apply_chat_template(tokenize=False)`` does.
+
+    Named special tokens (bos_token, eos_token, ...) are template variables. ``now`` is the clock behind
+    the template's ``strftime_now``. transformers turns every render kwarg into plain JSON data, so a
+    callable cannot be passed that way; instead the compiled template's own globals layer (shared by
+    every render of that template) gets a ``strftime_now`` that reads a context variable, which each
+    render sets to its renderer's clock.
+    """
+
+    def __init__(self, template: str, special_tokens: Mapping[str, str], now: Clock = datetime.now) -> None:
+        self._template = template
+        self._special = dict(special_tokens)
+        self._now = now
+        self._compiled()  # fail fast on a template that does not compile
+
+    def _compiled(self) -> Any:
+        try:
+            compiled = _compile_jinja_template(self._template)
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(f"the chat template does not compile: {exc}") from exc
+        compiled.globals["strftime_now"] = _strftime_now
+        return compiled
+
+    def render(self, data: TemplateInput) -> str:
+        """The prompt text; template errors (including ``raise_exception``) raise InvalidRequestError."""
+        reserved = RESERVED_KWARGS.intersection(data.kwargs)
+        if reserved:
+            raise InvalidRequestError(f"chat_template_kwargs_json may not set {sorted(reserved)}",
+                                      param="chat_template_kwargs_json")
+        self._compiled()  # the compile cache may have been refreshed: (re)install the clock
+        token = _clock.set(self._now)
+        try:
+            # Annotated as str, but returns (rendered chats, generation indices).
+            result: Any = render_jinja_template(
+                conversations=[data.messages],
+                tools=cast(Any, data.tools),
+                chat_template=self._template,
+                add_generation_prompt=data.add_generation_prompt,
+                continue_final_message=data.continue_final_message,
+                **{**self._special, **data.kwargs},
+            )
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(str(exc) or type(exc).__name__, param="messages") from exc
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequestError(str(exc), param="messages") from exc
+        finally:
+            _clock.reset(token)
+        return str(result[0][0])

@@ -1,0 +1,38 @@
+"""Settings of the parse service (light to import: the launcher reads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.service_settings import CommonSettings
+from services.common.settings import option
+from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
+
+
+@dataclass(frozen=True)
+class ParseSettings(CommonSettings):
+    """Options of ``python -m services.parse``."""
+
+    host: str = option("127.0.0.1", "Address the Parse gRPC server binds.", wiring=True)
+    port: int = option(0, "Port of the Parse gRPC server (0: a free port).", wiring=True)
+    router_address: str = option("127.0.0.1:50052", "host:port of the router's gRPC service.", wiring=True)
+    model: str = option("", "Hugging Face model directory (empty: the repo's demo model).", shared=True)
+    served_model_name: str = option("", "Model name reported to clients (empty: the model directory's name).",
+                                    shared=True)
+    reasoning_parser: str = option("", "Reasoning parser of the model's output (empty: none).", shared=True,
+                                   choices=("", *REASONING_PARSERS))
+    tool_parser: str = option("", "Tool-call parser of the model's output (empty: none).", shared=True,
+                              choices=("", *TOOL_PARSERS))
+    max_model_len: int = option(0, "Context length in tokens (0: from the model's config).")
+    strip_billing_header: bool = option(
+        True, "Drop Claude Code's per-session 'x-anthropic-billing-header:' lines so prompts keep a stable prefix.")
+
+    def validate(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is out of range")
+        if self.max_model_len < 0:
+            raise ValueError("max_model_len must be >= 0")
+        if self.reasoning_parser and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r}; valid: {sorted(REASONING_PARSERS)}")
+        if self.tool_parser and self.tool_parser not in TOOL_PARSERS:
+            raise ValueError(f"unknown tool parser {self.tool_parser!r}; valid: {sorted(TOOL_PARSERS)}")
