@@ -1,0 +1,10 @@
+"""``python -m services.worker``: serve one engine behind the Worker gRPC service."""
+
+from services.common.runtime import run_service
+from services.common.settings import parse_settings
+from services.worker.server import serve
+from services.worker.settings import WorkerSettings
+
+if __name__ == "__main__":
+    settings = parse_settings(WorkerSettings, "worker", prog="python -m services.worker")
+    run_service("worker", settings, serve)

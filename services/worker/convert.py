@@ -1,0 +1,97 @@
+"""Proto <-> domain conversion for the worker. The only worker module besides the adapters that touches _pb2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.api import common_pb2, kv_pb2, worker_pb2
+from services.worker.engine import (
+    EngineInfo,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    KvCleared,
+    KvEvent,
+    KvRemoved,
+    KvStored,
+)
+
+_FINISH: dict[FinishReason, common_pb2.FinishReason.ValueType] = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "cancelled": common_pb2.FINISH_REASON_CANCELLED,
+}
+
+
+def request_from_proto(msg: worker_pb2.GenerateRequest) -> EngineRequest:
+    s = msg.sampling
+    return EngineRequest(
+        request_id=msg.request_id,
+        token_ids=tuple(msg.token_ids),
+        max_tokens=s.max_tokens,
+        stop=tuple(s.stop),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=s.ignore_eos,
+        temperature=s.temperature if s.HasField("temperature") else None,
+        top_p=s.top_p if s.HasField("top_p") else None,
+        top_k=s.top_k if s.HasField("top_k") else None,
+        seed=s.seed if s.HasField("seed") else None,
+        match_text=msg.match_text,
+        cache_salt=msg.cache_salt,
+        priority=msg.hints.priority,
+    )
+
+
+def output_to_proto(out: EngineOutput, worker_id: str) -> worker_pb2.GenerateResponse:
+    frame = worker_pb2.GenerateResponse(token_ids=out.token_ids)
+    if out.prompt is not None:
+        frame.prompt.CopyFrom(worker_pb2.PromptInfo(
+            prompt_tokens=out.prompt.prompt_tokens, cached_tokens=out.prompt.cached_tokens, worker_id=worker_id))
+    if out.finish_reason is not None:
+        frame.finish_reason = _FINISH[out.finish_reason]
+    if out.usage is not None:
+        frame.usage.CopyFrom(common_pb2.Usage(
+            prompt_tokens=out.usage.prompt_tokens,
+            completion_tokens=out.usage.completion_tokens,
+            cached_tokens=out.usage.cached_tokens,
+        ))
+    if out.stop_string:
+        frame.stop_string = out.stop_string
+    return frame
+
+
+def worker_info_to_proto(info: EngineInfo, worker_id: str, grpc_address: str) -> worker_pb2.WorkerInfo:
+    return worker_pb2.WorkerInfo(
+        worker_id=worker_id,
+        grpc_address=grpc_address,
+        block_size=info.block_size,
+        total_blocks=info.total_blocks,
+        model=info.model,
+        engine=info.engine,
+    )
+
+
+def heartbeat_to_proto(info: worker_pb2.WorkerInfo, stats: EngineStats, leaving: bool) -> kv_pb2.WorkerHeartbeat:
+    return kv_pb2.WorkerHeartbeat(
+        info=info, leaving=leaving, active_requests=stats.active_requests, active_blocks=stats.active_blocks)
+
+
+def event_to_proto(event: KvEvent) -> kv_pb2.KvEvent:
+    msg = kv_pb2.KvEvent(event_id=event.event_id)
+    if isinstance(event, KvStored):
+        msg.stored.CopyFrom(kv_pb2.BlocksStored(
+            parent_hash=event.parent_hash or 0,
+            has_parent=event.parent_hash is not None,
+            blocks=[kv_pb2.StoredBlock(block_hash=b.block_hash, engine_block_id=b.engine_block_id,
+                                       token_count=b.token_count) for b in event.blocks],
+        ))
+    elif isinstance(event, KvRemoved):
+        msg.removed.CopyFrom(kv_pb2.BlocksRemoved(block_hashes=event.block_hashes))
+    elif isinstance(event, KvCleared):
+        msg.cleared.CopyFrom(kv_pb2.CacheCleared())
+    return msg
+
+
+def events_to_proto(worker_id: str, events: Sequence[KvEvent]) -> kv_pb2.KvEventBatch:
+    return kv_pb2.KvEventBatch(worker_id=worker_id, events=[event_to_proto(e) for e in events])

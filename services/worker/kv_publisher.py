@@ -1,0 +1,118 @@
+"""Publishes a worker's KV events and heartbeats on NATS (subjects in ``services.common.subjects``).
+
+* KV events: every batch drained from ``engine.kv_events()`` becomes one ``KvEventBatch`` on
+  ``harnessmesh.NS.kv.WORKER_ID``. Event ids are consecutive per worker (assigned by the engine).
+  The last ``buffer_size`` published events are kept in :attr:`KvPublisher.recent` for replay.
+* Heartbeats: a ``WorkerHeartbeat`` on start, every ``interval`` seconds, at once in answer to any
+  message on the discover subject, and a final one with ``leaving=True`` from :meth:`leave`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from services.api import kv_pb2, worker_pb2
+from services.common import subjects
+from services.worker import convert
+from services.worker.engine import Engine, KvEvent
+
+log = structlog.get_logger()
+
+
+class KvPublisher:
+    """Bridges an engine's KV event feed and load to NATS (see module docstring)."""
+
+    def __init__(
+        self,
+        nc: Any,  # nats.aio.client.Client
+        engine: Engine,
+        worker_info: Callable[[], worker_pb2.WorkerInfo],
+        *,
+        namespace: str,
+        interval: float = 1.0,
+        buffer_size: int = 4096,
+    ) -> None:
+        self._nc = nc
+        self._engine = engine
+        self._worker_info = worker_info
+        self._worker_id = worker_info().worker_id
+        self._namespace = namespace
+        self._interval = interval
+        self.recent: deque[kv_pb2.KvEvent] = deque(maxlen=buffer_size)
+        self.kv_subject = subjects.kv_events(namespace, self._worker_id)
+        self._events = engine.kv_events()  # subscribe now so nothing emitted after this is lost
+        self._tasks: list[asyncio.Task[None]] = []
+        self._discover_sub: Any = None
+        self._left = False
+
+    async def start(self) -> None:
+        self._discover_sub = await self._nc.subscribe(subjects.discover(self._namespace), cb=self._on_discover)
+        await self.heartbeat()
+        self._tasks = [
+            asyncio.create_task(self._publish_events(), name="kv-publisher-events"),
+            asyncio.create_task(self._heartbeats(), name="kv-publisher-heartbeats"),
+        ]
+
+    async def heartbeat(self, leaving: bool = False) -> None:
+        msg = convert.heartbeat_to_proto(self._worker_info(), self._engine.stats(), leaving)
+        await self._nc.publish(subjects.heartbeat(self._namespace), msg.SerializeToString())
+
+    async def publish(self, events: list[KvEvent]) -> None:
+        """Publish one batch now (normally done by the background task)."""
+        if not events:
+            return
+        batch = convert.events_to_proto(self._worker_id, events)
+        self.recent.extend(batch.events)
+        await self._nc.publish(self.kv_subject, batch.SerializeToString())
+
+    async def leave(self) -> None:
+        """Stop heartbeating and announce ``leaving=True`` (the router forgets this worker)."""
+        self._left = True
+        if self._discover_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._discover_sub.unsubscribe()
+            self._discover_sub = None
+        await self.heartbeat(leaving=True)
+        with contextlib.suppress(Exception):
+            await self._nc.flush(timeout=2)
+
+    async def close(self) -> None:
+        """Stop the tasks and publish any events still queued (call after the engine closed)."""
+        if not self._left:
+            await self.leave()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        drain = getattr(self._events, "drain", None)
+        if drain is not None:
+            await self.publish(drain())
+
+    async def _publish_events(self) -> None:
+        async for events in self._events:
+            try:
+                await self.publish(events)
+            except Exception:
+                log.exception("worker.kv_publish_failed", events=len(events))
+
+    async def _heartbeats(self) -> None:
+        while not self._left:
+            await asyncio.sleep(self._interval)
+            if self._left:
+                break
+            try:
+                await self.heartbeat()
+            except Exception:
+                log.exception("worker.heartbeat_failed")
+
+    async def _on_discover(self, _msg: Any) -> None:
+        if not self._left:
+            await self.heartbeat()

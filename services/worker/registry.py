@@ -1,0 +1,47 @@
+"""The engines a worker can run, by the names users type (``--engine``). The set is API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.common.model_dir import ModelDir
+from services.worker.engine import Engine
+from services.worker.settings import WorkerSettings
+
+
+def _mocker(settings: WorkerSettings, model: ModelDir) -> Engine:
+    from services.worker.mocker import MockerConfig, MockerEngine
+    from services.worker.mocker.script import Script
+    from services.worker.mocker.timing import TimingModel
+
+    timing = TimingModel(
+        prefill_ms_base=settings.prefill_ms_base,
+        prefill_ms_per_token=settings.prefill_ms_per_token,
+        prefill_quadratic_us=settings.prefill_quadratic_us,
+        decode_ms_base=settings.decode_ms_base,
+        decode_ms_per_seq=settings.decode_ms_per_seq,
+        decode_us_per_block=settings.decode_us_per_block,
+        speedup=settings.speedup,
+    )
+    config = MockerConfig(
+        block_size=settings.block_size,
+        num_blocks=settings.num_blocks,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_tokens_default=settings.max_tokens_default,
+        seed=settings.seed,
+        timing=timing,
+    )
+    script = Script.load(settings.script) if settings.script else None
+    return MockerEngine(config, model, script)
+
+
+ENGINES: dict[str, Callable[[WorkerSettings, ModelDir], Engine]] = {"mocker": _mocker}
+
+
+def build_engine(settings: WorkerSettings, model: ModelDir) -> Engine:
+    """The engine named by ``settings.engine``; an unknown name lists the valid ones."""
+    factory = ENGINES.get(settings.engine)
+    if factory is None:
+        raise ValueError(f"unknown engine {settings.engine!r}; valid engines: {', '.join(sorted(ENGINES))}")
+    return factory(settings, model)

@@ -1,0 +1,103 @@
+"""Composition root of the worker: model dir, engine, NATS publisher, gRPC server.
+
+In-process use (tests, other services' tests)::
+
+    worker = await start_worker(WorkerSettings(nats_url=url, speedup=1000))
+    ...  # dial worker.address; worker.engine is the engine
+    await worker.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from dataclasses import dataclass
+
+import nats
+import structlog
+from nats.aio.client import Client as NatsClient
+
+from services.api import worker_pb2, worker_pb2_grpc
+from services.common.grpc_util import GrpcServer
+from services.common.model_dir import load_model_dir
+from services.common.tracing import Tracing
+from services.worker import convert
+from services.worker.engine import Engine
+from services.worker.kv_publisher import KvPublisher
+from services.worker.registry import build_engine
+from services.worker.service import WorkerServicer
+from services.worker.settings import WorkerSettings
+
+log = structlog.get_logger()
+
+
+@dataclass
+class RunningWorker:
+    """A started worker: its id, address, engine and publisher; :meth:`stop` shuts it down cleanly."""
+
+    worker_id: str
+    address: str
+    engine: Engine
+    publisher: KvPublisher
+    grpc: GrpcServer
+    nc: NatsClient
+    tracing: Tracing | None
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        return convert.worker_info_to_proto(self.engine.info(), self.worker_id, self.address)
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Leaving heartbeat, stop serving (in-flight streams get ``grace`` s), engine close, NATS drain."""
+        with contextlib.suppress(Exception):
+            await self.publisher.leave()
+        await self.grpc.stop(grace)
+        await self.engine.close()
+        with contextlib.suppress(Exception):
+            await self.publisher.close()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        log.info("worker.stopped", worker_id=self.worker_id)
+
+
+async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None) -> RunningWorker:
+    """Build and start every part of a worker; raise (with everything closed) if one fails."""
+    worker_id = settings.worker_id or f"worker-{secrets.token_hex(4)}"
+    model = load_model_dir(settings.model)
+    engine = build_engine(settings, model)
+    server = GrpcServer(tracing, settings.host, settings.port)
+    address = f"{settings.advertise_host or server.host}:{server.port}"
+
+    def info() -> worker_pb2.WorkerInfo:
+        return convert.worker_info_to_proto(engine.info(), worker_id, address)
+
+    tracer = tracing.tracer if tracing is not None else None
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine, worker_id, info, tracer), server.server)
+    nc = await nats.connect(settings.nats_url, name=worker_id, connect_timeout=5, max_reconnect_attempts=-1)
+    try:
+        await engine.start()
+        publisher = KvPublisher(nc, engine, info, namespace=settings.namespace,
+                                interval=settings.heartbeat_interval, buffer_size=settings.event_buffer)
+        await server.start()
+        await publisher.start()
+    except BaseException:
+        await engine.close()
+        await server.stop(0)
+        await nc.close()
+        raise
+    log.info("worker.ready", worker_id=worker_id, address=address, engine=settings.engine, model=model.name,
+             block_size=settings.block_size, total_blocks=settings.num_blocks)
+    return RunningWorker(worker_id, address, engine, publisher, server, nc, tracing)
+
+
+async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    """Run a worker until ``stop`` is set."""
+    tracing = Tracing("harnessmesh-worker")
+    try:
+        worker = await start_worker(settings, tracing)
+        try:
+            await stop.wait()
+        finally:
+            await worker.stop()
+    finally:
+        tracing.shutdown()
