@@ -1,0 +1,113 @@
+"""Protobuf <-> domain conversions of the parse service (the only place besides service.py that sees _pb2)."""
+
+from __future__ import annotations
+
+from services.api import chat_pb2, common_pb2, worker_pb2
+from services.parse.conversation import (
+    ChatMessage,
+    Conversation,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolSpec,
+)
+from services.parse.model_format import Prompt
+from services.parse.parsers.events import (
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
+
+
+def conversation_from_proto(request: chat_pb2.ChatRequest) -> Conversation:
+    return Conversation(
+        messages=tuple(_message(m) for m in request.messages),
+        tools=tuple(ToolSpec(t.name, t.description, t.parameters_json) for t in request.tools),
+        template_kwargs_json=request.chat_template_kwargs_json,
+        # proto3 cannot tell "unset" from false: unset behaves as true unless continuing the final message.
+        add_generation_prompt=not request.continue_final_message,
+        continue_final_message=request.continue_final_message,
+    )
+
+
+def _message(message: chat_pb2.Message) -> ChatMessage:
+    parts: list[Part] = []
+    for part in message.parts:
+        kind = part.WhichOneof("kind")
+        if kind == "text":
+            parts.append(TextPart(part.text))
+        elif kind == "reasoning":
+            parts.append(ReasoningPart(part.reasoning))
+        elif kind == "tool_call":
+            call = part.tool_call
+            parts.append(ToolCallPart(call.id, call.name, call.arguments_json))
+    return ChatMessage(
+        role=message.role,
+        parts=tuple(parts),
+        tool_call_id=message.tool_call_id,
+        name=message.name,
+        is_error=message.is_error,
+    )
+
+
+def generate_request(
+    request: chat_pb2.ChatRequest, prompt: Prompt, *, request_id: str, model: str, stop_token_ids: tuple[int, ...]
+) -> worker_pb2.GenerateRequest:
+    out = worker_pb2.GenerateRequest(
+        request_id=request_id,
+        token_ids=prompt.token_ids,
+        model=model,
+        match_text=prompt.match_text,
+        stop_token_ids=stop_token_ids,
+    )
+    out.sampling.CopyFrom(request.sampling)
+    out.identity.CopyFrom(request.identity)
+    out.hints.CopyFrom(request.hints)
+    return out
+
+
+def event_to_proto(event: Event) -> chat_pb2.ChatEvent:
+    if isinstance(event, ReasoningDelta):
+        return chat_pb2.ChatEvent(reasoning_delta=chat_pb2.ReasoningDelta(text=event.text))
+    if isinstance(event, TextDelta):
+        return chat_pb2.ChatEvent(text_delta=chat_pb2.TextDelta(text=event.text))
+    if isinstance(event, ToolCallStart):
+        return chat_pb2.ChatEvent(
+            tool_call_start=chat_pb2.ToolCallStart(index=event.index, id=event.id, name=event.name)
+        )
+    if isinstance(event, ToolCallArgumentsDelta):
+        return chat_pb2.ChatEvent(
+            tool_call_arguments_delta=chat_pb2.ToolCallArgumentsDelta(index=event.index, id=event.id, delta=event.delta)
+        )
+    call = chat_pb2.ToolCall(id=event.id, name=event.name, arguments_json=event.arguments_json)
+    return chat_pb2.ChatEvent(tool_call_dispatch=chat_pb2.ToolCallDispatch(index=event.index, call=call))
+
+
+def started_event(request_id: str, model: str, info: worker_pb2.PromptInfo) -> chat_pb2.ChatEvent:
+    return chat_pb2.ChatEvent(started=chat_pb2.Started(
+        request_id=request_id,
+        model=model,
+        prompt_tokens=info.prompt_tokens,
+        cached_tokens=info.cached_tokens,
+        worker_id=info.worker_id,
+    ))
+
+
+def finish_events(frame: worker_pb2.GenerateResponse, *, tool_calls: int) -> list[chat_pb2.ChatEvent]:
+    """Usage and Finish; a turn that made tool calls and ended normally finishes with TOOL_CALLS."""
+    reason = frame.finish_reason
+    if tool_calls and reason == common_pb2.FINISH_REASON_STOP and not frame.stop_string:
+        reason = common_pb2.FINISH_REASON_TOOL_CALLS
+    usage = common_pb2.Usage()
+    usage.CopyFrom(frame.usage)
+    return [
+        chat_pb2.ChatEvent(usage=usage),
+        chat_pb2.ChatEvent(finish=chat_pb2.Finish(reason=reason, stop_string=frame.stop_string)),
+    ]
+
+
+def error_event(error: common_pb2.Error) -> chat_pb2.ChatEvent:
+    return chat_pb2.ChatEvent(error=error)

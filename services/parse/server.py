@@ -1,0 +1,79 @@
+"""Composition root of the parse service: model format, router channel, servicer, gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from services.api import parse_pb2_grpc, router_pb2_grpc
+from services.common.grpc_util import GrpcServer, open_channel
+from services.common.model_dir import load_model_dir
+from services.common.tracing import Tracing
+from services.parse.model_format import ModelFormat
+from services.parse.service import ParseService
+from services.parse.settings import ParseSettings
+
+log = structlog.get_logger()
+
+
+@dataclass
+class RunningParse:
+    """A started parse server (``address`` is host:port) and what it owns."""
+
+    server: GrpcServer
+    channel: grpc.aio.Channel
+    model_format: ModelFormat
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self.server.stop(grace)
+        await self.channel.close()
+
+
+def build_model_format(settings: ParseSettings) -> ModelFormat:
+    """Load the model directory and parsers; unknown parser names or a bad template fail here."""
+    return ModelFormat(
+        load_model_dir(settings.model),
+        served_model_name=settings.served_model_name,
+        max_model_len=settings.max_model_len,
+        reasoning_parser=settings.reasoning_parser,
+        tool_parser=settings.tool_parser,
+        strip_billing_header=settings.strip_billing_header,
+    )
+
+
+async def start(
+    settings: ParseSettings, tracing: Tracing | None = None, model_format: ModelFormat | None = None
+) -> RunningParse:
+    """Build and start a parse server (in-process use: tests, embedding); ``stop()`` it when done."""
+    fmt = model_format or build_model_format(settings)
+    channel = open_channel(settings.router_address, tracing)
+    tracer = tracing.tracer if tracing is not None else None
+    servicer = ParseService(fmt, router_pb2_grpc.RouterStub(channel), tracer)
+    server = GrpcServer(tracing, settings.host, settings.port)
+    parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
+    await server.start()
+    return RunningParse(server=server, channel=channel, model_format=fmt)
+
+
+async def serve(settings: ParseSettings, stop: asyncio.Event) -> None:
+    """Run the parse service until ``stop`` is set."""
+    tracing = Tracing("harnessmesh-parse")
+    try:
+        running = await start(settings, tracing)
+        fmt = running.model_format
+        log.info("parse.listening", address=running.address, port=running.server.port,
+                 model=str(fmt.model_dir.path), served_model_name=fmt.served_model_name,
+                 max_model_len=fmt.max_model_len, router_address=settings.router_address)
+        try:
+            await stop.wait()
+        finally:
+            await running.stop()
+    finally:
+        tracing.shutdown()

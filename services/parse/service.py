@@ -1,0 +1,168 @@
+"""The Parse gRPC servicer: Chat (render -> router -> typed events), Tokenize, Detokenize, GetModel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import structlog
+from opentelemetry import trace
+
+from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
+from services.common import errors
+from services.common.errors import InternalError, InvalidRequestError, MeshError
+from services.parse import convert
+from services.parse.model_format import ModelFormat, Prompt
+from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
+
+log = structlog.get_logger()
+
+
+class ParseService(parse_pb2_grpc.ParseServicer):
+    """Serves ``harnessmesh.v1.Parse`` for one model; the router stub is where tokens come from."""
+
+    def __init__(
+        self,
+        model_format: ModelFormat,
+        router: router_pb2_grpc.RouterStub,
+        tracer: trace.Tracer | None = None,
+        created: int | None = None,
+    ) -> None:
+        self._format = model_format
+        self._router = router
+        self._tracer = tracer or trace.get_tracer("harnessmesh.parse")
+        self._created = int(time.time()) if created is None else created
+
+    async def Chat(
+        self, request: chat_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[chat_pb2.ChatEventBatch]:
+        request_id = request.request_id or uuid.uuid4().hex
+        attrs = {"session.id": request.identity.session_id, "trajectory.id": request.identity.trajectory_id,
+                 "request.id": request_id}
+        try:
+            prompt = await self._prompt(request, attrs)
+        except MeshError as err:
+            log.info("parse.request_rejected", request_id=request_id, error=err.message, param=err.param)
+            await errors.abort_with(context, err)
+            return
+        model = self._format.served_model_name
+        generate = convert.generate_request(
+            request, prompt, request_id=request_id, model=model, stop_token_ids=self._format.stop_token_ids
+        )
+        pipeline = self._format.output_pipeline(prompt.text)
+        with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
+            tracker = _SpanEvents(span)
+            call = self._router.Generate(generate)
+            sent = finished = False
+            error: MeshError | None = None
+            try:
+                async for frame in call:
+                    if frame.HasField("error"):
+                        error = errors.from_proto(frame.error)
+                        break
+                    batch = chat_pb2.ChatEventBatch()
+                    if not sent:
+                        info = frame.prompt if frame.HasField("prompt") else worker_pb2.PromptInfo(
+                            prompt_tokens=len(prompt.token_ids))
+                        batch.events.append(convert.started_event(request_id, model, info))
+                    events = pipeline.feed(frame.token_ids)
+                    if frame.finish_reason:
+                        events += pipeline.finish()
+                    tracker.observe(events)
+                    batch.events.extend(convert.event_to_proto(e) for e in events)
+                    if frame.finish_reason:
+                        batch.events.extend(convert.finish_events(frame, tool_calls=pipeline.tool_calls))
+                        finished = True
+                    if batch.events:
+                        yield batch
+                        sent = True
+                    if finished:
+                        break
+            except grpc.aio.AioRpcError as exc:
+                error = errors.from_rpc_error(exc)
+            finally:
+                call.cancel()  # no-op when the stream ended; cancels the router call when the client left
+            if error is None and not finished:
+                error = InternalError("the router stream ended without a finish frame")
+            if error is not None:
+                span.set_status(trace.StatusCode.ERROR, error.message)
+                log.warning("parse.stream_error", request_id=request_id, error=error.message, sent=sent)
+                if not sent:
+                    await errors.abort_with(context, error)
+                    return
+                yield chat_pb2.ChatEventBatch(events=[convert.error_event(errors.to_proto(error))])
+                return
+            log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),
+                     tool_calls=pipeline.tool_calls)
+
+    async def _prompt(self, request: chat_pb2.ChatRequest, attrs: dict[str, str]) -> Prompt:
+        with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
+            conversation = convert.conversation_from_proto(request)
+            prompt = await asyncio.to_thread(self._format.build_prompt, conversation)
+            span.set_attribute("prompt.tokens", len(prompt.token_ids))
+            self._format.check_fits(len(prompt.token_ids), request.sampling.max_tokens)
+            return prompt
+
+    async def Tokenize(
+        self, request: parse_pb2.TokenizeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> parse_pb2.TokenizeResponse:
+        try:
+            kind = request.WhichOneof("input")
+            if kind == "chat":
+                prompt = await asyncio.to_thread(
+                    self._format.build_prompt, convert.conversation_from_proto(request.chat))
+                return parse_pb2.TokenizeResponse(
+                    token_ids=prompt.token_ids, max_model_len=self._format.max_model_len, rendered=prompt.text)
+            if kind == "prompt":
+                ids = self._format.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+                return parse_pb2.TokenizeResponse(token_ids=ids, max_model_len=self._format.max_model_len)
+            raise InvalidRequestError("set chat or prompt", param="input")
+        except MeshError as err:
+            await errors.abort_with(context, err)
+            raise  # unreachable: abort raises
+
+    async def Detokenize(
+        self, request: parse_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> parse_pb2.DetokenizeResponse:
+        return parse_pb2.DetokenizeResponse(text=self._format.decode(list(request.token_ids)))
+
+    async def GetModel(
+        self, request: chat_pb2.ModelInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> chat_pb2.ModelInfo:
+        fmt = self._format
+        return chat_pb2.ModelInfo(
+            served_model_name=fmt.served_model_name,
+            max_model_len=fmt.max_model_len,
+            reasoning_parser=fmt.reasoning_parser,
+            tool_parser=fmt.tool_parser,
+            created=self._created,
+        )
+
+
+class _SpanEvents:
+    """Marks reasoning start/end and each tool call dispatch on the stream's span."""
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+        self._reasoning = False
+
+    def observe(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, ReasoningDelta):
+                if not self._reasoning:
+                    self._span.add_event("reasoning.start")
+                    self._reasoning = True
+                continue
+            if self._reasoning:
+                self._span.add_event("reasoning.end")
+                self._reasoning = False
+            if isinstance(event, ToolCallDispatch):
+                self._span.add_event("tool_call.dispatch", {
+                    "tool_call.index": event.index, "tool_call.id": event.id, "tool_call.name": event.name})
+
+
+__all__ = ["ParseService"]
