@@ -125,10 +125,12 @@ class ChunkEncoder:
                 delta[key] = delta.get(key, "") + value
 
         for ev in batch.events:
-            if self.turn.error is not None or self._finish_sent:
+            if self.turn.error is not None:
                 break
             self.turn.note(ev)
             kind = ev.WhichOneof("event")
+            if self._finish_sent:
+                continue  # only usage (noted above) may follow the finish
             if kind == "reasoning_delta" and ev.reasoning_delta.text:
                 add("reasoning_content", ev.reasoning_delta.text)
             elif kind == "text_delta" and ev.text_delta.text:
