@@ -1,0 +1,40 @@
+"""Helpers shared by the parse tests."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from services.parse.conversation import ChatMessage, Conversation, Part, ReasoningPart, TextPart, ToolCallPart, ToolSpec
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TEMPLATES = REPO.parent / "shared" / "chat_templates"
+FIXED_NOW = datetime(2026, 1, 15, 9, 30, 0)
+
+
+def conversation_from_openai(conv: dict[str, Any], kwargs: dict[str, Any] | None = None) -> Conversation:
+    """An OpenAI/HF-style conversation (as in conversations.json) as the canonical domain conversation."""
+    messages = []
+    for m in conv["messages"]:
+        parts: list[Part] = []
+        if m.get("reasoning_content") is not None:
+            parts.append(ReasoningPart(m["reasoning_content"]))
+        if m.get("content") is not None:
+            parts.append(TextPart(m["content"]))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", call)
+            args = fn["arguments"]
+            parts.append(ToolCallPart(call.get("id", ""), fn["name"], args if isinstance(args, str) else json.dumps(args)))
+        messages.append(ChatMessage(m["role"], tuple(parts), tool_call_id=m.get("tool_call_id", ""), name=m.get("name", "")))
+    tools = tuple(
+        ToolSpec(t["function"]["name"], t["function"].get("description", ""), json.dumps(t["function"]["parameters"]))
+        for t in conv.get("tools") or []
+    )
+    return Conversation(
+        messages=tuple(messages),
+        tools=tools,
+        template_kwargs_json=json.dumps(kwargs or {}),
+        add_generation_prompt=conv.get("add_generation_prompt", True),
+    )

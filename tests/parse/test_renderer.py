@@ -1,0 +1,149 @@
+"""The renderer and the conversation translation, on the demo model."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from services.common.errors import InvalidRequestError
+from services.common.model_dir import load_model_dir
+from services.parse.conversation import (
+    ChatMessage,
+    Conversation,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolSpec,
+    match_text,
+    strip_billing_header,
+    to_template_input,
+)
+from services.parse.model_format import ModelFormat
+from services.parse.renderer import ChatTemplateRenderer
+
+WEATHER = ToolSpec("get_weather", "Weather of a city", '{"type": "object", "properties": {"city": {"type": "string"}}}')
+
+
+def agent_conversation(system: str = "You are helpful.") -> Conversation:
+    return Conversation(
+        messages=(
+            ChatMessage("system", (TextPart(system),)),
+            ChatMessage("user", (TextPart("Weather in Paris and Lyon?"),)),
+            ChatMessage("assistant", (
+                ReasoningPart("Paris first."),
+                ToolCallPart("call_1", "get_weather", '{"city": "Paris"}'),
+                ReasoningPart("Now Lyon."),
+                ToolCallPart("call_2", "get_weather", '{"city": "Lyon"}'),
+            )),
+            ChatMessage("tool", (TextPart("18C"),), tool_call_id="call_1", name="get_weather"),
+            ChatMessage("tool", (TextPart("20C"),), tool_call_id="call_2", name="get_weather"),
+        ),
+        tools=(WEATHER,),
+    )
+
+
+@pytest.fixture(scope="module")
+def demo() -> ModelFormat:
+    return ModelFormat(load_model_dir(None))
+
+
+def test_demo_template_replays_interleaved_reasoning_and_tool_calls(demo: ModelFormat) -> None:
+    text = demo.render(agent_conversation())
+    assert text.startswith("<|im_start|>system\nYou are helpful.\n\n# Tools\n")
+    assert '{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city"' in text
+    tail = text[text.index("<|im_start|>user\nWeather"):]
+    assert tail == (
+        "<|im_start|>user\nWeather in Paris and Lyon?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+        "<think>\nParis first.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        "<think>\nNow Lyon.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n<tool_response>\n20C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_enable_thinking_false_prefills_empty_think(demo: ModelFormat) -> None:
+    conv = Conversation(messages=(ChatMessage("user", (TextPart("hi"),)),),
+                        template_kwargs_json='{"enable_thinking": false}')
+    assert demo.render(conv).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_template_input_shape() -> None:
+    data = to_template_input(agent_conversation())
+    assistant = data.messages[2]
+    assert assistant["role"] == "assistant"
+    assert "content" not in assistant  # None-valued keys are dropped, as transformers does
+    assert assistant["reasoning_content"] == "Paris first.\nNow Lyon."
+    assert assistant["tool_calls"][0] == {
+        "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    assert [s["type"] for s in assistant["segments"]] == ["reasoning", "tool_call", "reasoning", "tool_call"]
+    assert data.messages[3] == {"role": "tool", "content": "18C", "tool_call_id": "call_1", "name": "get_weather"}
+    assert data.tools == [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    assert match_text(agent_conversation()) == "20C"
+
+
+def test_unparseable_arguments_stay_text() -> None:
+    conv = Conversation(messages=(ChatMessage("assistant", (ToolCallPart("c", "f", "{not json"),)),))
+    assert to_template_input(conv).messages[0]["tool_calls"][0]["function"]["arguments"] == "{not json"
+
+
+@pytest.mark.parametrize(("conv", "param"), [
+    (Conversation(messages=()), "messages"),
+    (Conversation(messages=(ChatMessage("user", (TextPart("x"),)),), template_kwargs_json="{"),
+     "chat_template_kwargs_json"),
+    (Conversation(messages=(ChatMessage("user", (TextPart("x"),)),), template_kwargs_json="[1]"),
+     "chat_template_kwargs_json"),
+    (Conversation(messages=(ChatMessage("user", (TextPart("x"),)),), tools=(ToolSpec("f", "", "{bad"),)),
+     "tools[0].parameters_json"),
+])
+def test_bad_input_names_the_field(conv: Conversation, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        to_template_input(conv)
+    assert info.value.param == param
+
+
+def test_billing_header_is_stripped_so_prefixes_are_stable(demo: ModelFormat) -> None:
+    a = "x-anthropic-billing-header: cc_version=2.0.1; cc_entrypoint=cli; cch=aaaa;\nYou are Claude Code."
+    b = "x-anthropic-billing-header: cc_version=2.0.1; cc_entrypoint=cli; cch=bbbb;\nYou are Claude Code."
+    assert demo.render(agent_conversation(a)) == demo.render(agent_conversation(b))
+    assert "billing" not in demo.render(agent_conversation(a))
+    assert strip_billing_header("keep\nx-anthropic-billing-header: x\nme") == "keep\nme"
+    kept = ModelFormat(load_model_dir(None), strip_billing_header=False)
+    assert "x-anthropic-billing-header" in kept.render(agent_conversation(a))
+
+
+def test_raise_exception_becomes_invalid_request() -> None:
+    renderer = ChatTemplateRenderer("{{ raise_exception('no system role here') }}", {})
+    conv = Conversation(messages=(ChatMessage("user", (TextPart("x"),)),))
+    with pytest.raises(InvalidRequestError, match="^no system role here$"):
+        renderer.render(to_template_input(conv))
+
+
+def test_template_clock_is_per_renderer() -> None:
+    template = "{{ strftime_now('%Y-%m-%d %H:%M') }}"
+    data = to_template_input(Conversation(messages=(ChatMessage("user", (TextPart("x"),)),)))
+    a = ChatTemplateRenderer(template, {}, now=lambda: datetime(2026, 1, 15, 9, 30))
+    b = ChatTemplateRenderer(template, {}, now=lambda: datetime(2001, 2, 3, 4, 5))
+    assert a.render(data) == "2026-01-15 09:30"
+    assert b.render(data) == "2001-02-03 04:05"
+    assert a.render(data) == "2026-01-15 09:30"
+
+
+def test_special_tokens_are_template_variables() -> None:
+    renderer = ChatTemplateRenderer("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}",
+                                    {"bos_token": "<s>", "eos_token": "</s>"})
+    data = to_template_input(Conversation(messages=(ChatMessage("user", (TextPart("x"),)),)))
+    assert renderer.render(data) == "<s>x</s>"
+
+
+def test_tokens_equal_encoding_the_rendered_text(demo: ModelFormat) -> None:
+    prompt = demo.build_prompt(agent_conversation())
+    tokenizer = demo.model_dir.tokenizer
+    assert prompt.token_ids == tokenizer.encode(prompt.text, add_special_tokens=False).ids
+    assert prompt.text == demo.render(agent_conversation())
+    assert demo.decode(prompt.token_ids) == prompt.text
