@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import pytest
+
+from services.common.block_hash import sequence_hashes
+from services.worker.engine import KvCleared, KvRemoved, KvStored
+from services.worker.mocker.block_manager import BlockManager, KvSequence
+
+BS = 4
+
+
+def toks(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def fill(bm: BlockManager, token_ids: list[int], salt: str = "") -> tuple[KvSequence, int]:
+    seq = KvSequence(salt)
+    cached = bm.acquire_prefix(seq, token_ids)
+    assert bm.append(seq, token_ids[cached:])
+    return seq, cached
+
+
+def test_stored_events_chain_parents_and_match_sequence_hashes() -> None:
+    bm = BlockManager(16, BS)
+    prompt = toks(1, 10)  # two full blocks + a partial one
+    seq, cached = fill(bm, prompt)
+    assert cached == 0
+    events = bm.drain_events()
+    assert len(events) == 1 and isinstance(events[0], KvStored)
+    stored = events[0]
+    assert stored.event_id == 1 and stored.parent_hash is None
+    assert [b.block_hash for b in stored.blocks] == sequence_hashes(prompt, BS)
+    assert all(b.token_count == BS for b in stored.blocks)
+    assert bm.active_blocks == 3  # 2 full + 1 partial
+
+    # decode fills the partial block: a Stored whose parent is the last stored block
+    assert bm.append(seq, [11, 12])
+    (ev,) = bm.drain_events()
+    assert isinstance(ev, KvStored) and ev.event_id == 2
+    assert ev.parent_hash == stored.blocks[-1].block_hash
+    assert [b.block_hash for b in ev.blocks] == sequence_hashes(toks(1, 12), BS)[2:]
+    assert bm.active_blocks == 3
+
+
+def test_prefix_reuse_and_refcounts() -> None:
+    bm = BlockManager(16, BS)
+    a, _ = fill(bm, toks(1, 9))
+    hashes = sequence_hashes(toks(1, 9), BS)
+    b, cached = fill(bm, [*toks(1, 8), 99, 98])
+    assert cached == 8
+    assert [bm.ref_count(h) for h in hashes] == [2, 2]
+    assert bm.active_blocks == 4  # 2 shared full blocks + 2 private partial blocks
+    bm.free(a)
+    assert [bm.ref_count(h) for h in hashes] == [1, 1]
+    bm.free(b)
+    assert bm.active_blocks == 0 and bm.cached_blocks == 2
+    # reuse from inactive blocks
+    c, cached = fill(bm, toks(1, 9))
+    assert cached == 8 and bm.cached_blocks == 0
+
+
+def test_fully_cached_prompt_still_computes_one_token() -> None:
+    bm = BlockManager(16, BS)
+    a, _ = fill(bm, toks(1, 8))
+    bm.free(a)
+    bm.drain_events()
+    b = KvSequence()
+    assert bm.acquire_prefix(b, toks(1, 8)) == 4  # the last block is recomputed
+    assert bm.append(b, toks(5, 4))  # its cached twin is adopted: no duplicate, no event
+    assert bm.drain_events() == []
+    assert bm.active_blocks == 2
+
+
+def test_salt_changes_hashes() -> None:
+    bm = BlockManager(16, BS)
+    fill(bm, toks(1, 8))
+    _, cached = fill(bm, toks(1, 8) + [0], salt="tenant-b")
+    assert cached == 0
+
+
+def test_lru_eviction_order_and_removed_events() -> None:
+    bm = BlockManager(4, BS)
+    a, _ = fill(bm, toks(100, 8))   # blocks A1 A2
+    b, _ = fill(bm, toks(200, 8))   # blocks B1 B2
+    ha, hb = sequence_hashes(toks(100, 8), BS), sequence_hashes(toks(200, 8), BS)
+    bm.free(a)
+    bm.free(b)
+    # freed tail-first, oldest request first: A2, A1, B2, B1
+    assert bm.lru_order() == [ha[1], ha[0], hb[1], hb[0]]
+    bm.drain_events()
+    c, _ = fill(bm, toks(300, 8))
+    events = bm.drain_events()
+    assert isinstance(events[0], KvRemoved) and events[0].block_hashes == (ha[1], ha[0])
+    assert isinstance(events[1], KvStored)
+    assert [e.event_id for e in events] == [3, 4]
+    assert bm.lru_order() == [hb[1], hb[0]]
+    # touching B's prefix makes it most recently used; C's tail goes first
+    bm.free(c)
+    assert bm.lru_order()[-2:] == sequence_hashes(toks(300, 8), BS)[::-1]
+
+
+def test_capacity_exhaustion_changes_nothing() -> None:
+    bm = BlockManager(3, BS)
+    a, _ = fill(bm, toks(1, 8))
+    seq = KvSequence()
+    assert bm.blocks_needed(seq, 8) == 2
+    assert not bm.append(seq, toks(50, 8))
+    assert seq.tokens == [] and bm.active_blocks == 2 and bm.free_blocks == 1
+    assert bm.append(seq, toks(50, 4))
+    assert not bm.append(a, [9])  # growing also fails cleanly
+    assert bm.active_blocks == 3
+
+
+def test_clear_only_when_idle() -> None:
+    bm = BlockManager(8, BS)
+    a, _ = fill(bm, toks(1, 8))
+    assert not bm.clear()
+    bm.free(a)
+    bm.drain_events()
+    assert bm.clear()
+    (ev,) = bm.drain_events()
+    assert isinstance(ev, KvCleared) and ev.event_id == 2
+    assert bm.cached_blocks == 0 and bm.free_blocks == 8
+    assert bm.match_prefix(toks(1, 8)) == 0
+
+
+def test_event_ids_are_consecutive_across_kinds() -> None:
+    bm = BlockManager(2, BS)
+    for start in (0, 100, 200, 300):
+        seq, _ = fill(bm, toks(start, 8))
+        bm.free(seq)
+    bm.clear()
+    ids = [e.event_id for e in bm.drain_events()]
+    assert ids == list(range(1, len(ids) + 1))
+
+
+def test_invalid_sizes() -> None:
+    with pytest.raises(ValueError):
+        BlockManager(0, 16)

@@ -1,0 +1,206 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from services.common.errors import ContextLengthError, InvalidRequestError
+from services.common.model_dir import ModelDir
+from services.worker.engine import Engine, EngineOutput, EngineRequest, KvStored
+from services.worker.mocker import MockerEngine
+from tests.worker.conftest import TOOL_CALL
+
+Make = Callable[..., Any]
+
+
+def prompt(n: int = 40, start: int = 300) -> list[int]:
+    return list(range(start, start + n))
+
+
+async def collect(engine: MockerEngine, req: EngineRequest) -> list[EngineOutput]:
+    return [out async for out in engine.generate(req)]
+
+
+def tokens(outs: list[EngineOutput]) -> list[int]:
+    return [t for o in outs for t in o.token_ids]
+
+
+async def test_mocker_satisfies_the_contract(make_engine: Make) -> None:
+    engine = await make_engine()
+    assert isinstance(engine, Engine)
+    info = engine.info()
+    assert (info.engine, info.block_size, info.total_blocks) == ("mocker", 16, 16384)
+
+
+async def test_scripted_completion_decodes_to_script(make_engine: Make, model: ModelDir) -> None:
+    engine = await make_engine()
+    outs = await collect(engine, EngineRequest("r1", prompt(), match_text="weather in Paris?"))
+    assert model.tokenizer.decode(tokens(outs), skip_special_tokens=False) == TOOL_CALL
+    assert outs[0].prompt is not None and outs[0].prompt.prompt_tokens == 40
+    assert all(o.prompt is None for o in outs[1:])
+    last = outs[-1]
+    assert last.finish_reason == "stop" and last.usage is not None
+    assert last.usage.completion_tokens == len(tokens(outs))
+    assert all(t not in model.eos_token_ids for t in tokens(outs))
+    assert [o.finish_reason for o in outs[:-1]] == [None] * (len(outs) - 1)
+
+
+async def test_max_tokens_and_default(make_engine: Make) -> None:
+    engine = await make_engine(max_tokens_default=7)
+    outs = await collect(engine, EngineRequest("r1", prompt(), max_tokens=5, match_text="weather"))
+    assert len(tokens(outs)) == 5 and outs[-1].finish_reason == "length"
+    outs = await collect(engine, EngineRequest("r2", prompt(), match_text="no script line"))
+    assert len(tokens(outs)) == 7 and outs[-1].finish_reason == "length"
+    assert outs[-1].usage is not None and outs[-1].usage.completion_tokens == 7
+
+
+async def test_stop_string(make_engine: Make, model: ModelDir) -> None:
+    engine = await make_engine()
+    req = EngineRequest("r1", prompt(), match_text="weather", stop=["<tool_call>"])
+    outs = await collect(engine, req)
+    text = model.tokenizer.decode(tokens(outs), skip_special_tokens=False)
+    assert text == "<think>plan</think>\n\n"
+    assert outs[-1].finish_reason == "stop" and outs[-1].stop_string == "<tool_call>"
+
+
+async def test_stop_token_ids_and_ignore_eos(make_engine: Make, model: ModelDir) -> None:
+    engine = await make_engine()
+    think_end = model.tokenizer.token_to_id("</think>")
+    outs = await collect(engine, EngineRequest("r1", prompt(), match_text="weather", stop_token_ids=[think_end]))
+    assert model.tokenizer.decode(tokens(outs), skip_special_tokens=False) == "<think>plan"
+    assert outs[-1].finish_reason == "stop"
+    outs = await collect(engine, EngineRequest("r2", prompt(), match_text="say hi", ignore_eos=True, max_tokens=10))
+    assert len(tokens(outs)) == 10 and outs[-1].finish_reason == "length"
+    hi = model.tokenizer.encode("hi there", add_special_tokens=False).ids
+    # ignore_eos: EOS is an ordinary token (as in vLLM), filler follows the script
+    assert tokens(outs)[: len(hi) + 1] == [*hi, model.eos_token_ids[0]]
+
+
+async def test_filler_is_deterministic(make_engine: Make) -> None:
+    engine = await make_engine()
+    a = tokens(await collect(engine, EngineRequest("a", prompt(), max_tokens=20)))
+    b = tokens(await collect(engine, EngineRequest("b", prompt(), max_tokens=20)))
+    c = tokens(await collect(engine, EngineRequest("c", prompt(start=900), max_tokens=20)))
+    assert a == b != c
+
+
+async def test_shared_prefix_reports_cached_tokens(make_engine: Make) -> None:
+    engine = await make_engine()
+    first = await collect(engine, EngineRequest("r1", prompt(100), max_tokens=3))
+    assert first[0].prompt is not None and first[0].prompt.cached_tokens == 0
+    second = await collect(engine, EngineRequest("r2", [*prompt(100), 7, 8, 9], max_tokens=3))
+    assert second[0].prompt is not None and second[0].prompt.cached_tokens == 96
+    assert second[-1].usage is not None and second[-1].usage.cached_tokens == 96
+
+
+async def test_concurrent_requests_share_steps(make_engine: Make) -> None:
+    engine = await make_engine()
+    reqs = [EngineRequest(f"r{i}", prompt(start=1000 * (i + 1)), max_tokens=30) for i in range(4)]
+    results = await asyncio.gather(*(collect(engine, r) for r in reqs))
+    assert all(len(tokens(outs)) == 30 for outs in results)
+    assert engine.stats().steps < 2 * 30  # 4 x 30 tokens sequentially would take 120 steps
+
+
+async def test_slow_consumer_gets_batched_outputs(make_engine: Make) -> None:
+    engine = await make_engine()
+    outs: list[EngineOutput] = []
+    async for out in engine.generate(EngineRequest("r1", prompt(), max_tokens=50)):
+        outs.append(out)
+        await asyncio.sleep(0.01)
+    assert len(tokens(outs)) == 50
+    assert len(outs) < 25
+
+
+async def test_cancel_frees_blocks(make_engine: Make) -> None:
+    engine = await make_engine(speedup=50.0)
+    baseline = engine.stats().active_blocks
+    got_first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.generate(EngineRequest("r1", prompt(200), max_tokens=1000)):
+            got_first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(got_first.wait(), 5)
+    assert engine.stats().active_blocks > baseline and engine.stats().active_requests == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.stats().active_blocks == baseline
+    assert engine.stats().active_requests == 0
+
+
+async def test_abort_ends_stream_as_cancelled(make_engine: Make) -> None:
+    engine = await make_engine(speedup=50.0)
+    outs: list[EngineOutput] = []
+    async for out in engine.generate(EngineRequest("r1", prompt(), max_tokens=1000)):
+        outs.append(out)
+        if len(outs) == 1:
+            await engine.abort("r1")
+    assert outs[-1].finish_reason == "cancelled"
+    assert engine.stats().active_blocks == 0
+
+
+async def test_validation_errors(make_engine: Make) -> None:
+    engine = await make_engine(num_blocks=4)
+    with pytest.raises(InvalidRequestError):
+        await collect(engine, EngineRequest("r1", []))
+    with pytest.raises(ContextLengthError):
+        await collect(engine, EngineRequest("r2", prompt(64)))
+    outs = await collect(engine, EngineRequest("r3", prompt(63), max_tokens=5))
+    assert outs[-1].finish_reason == "length"  # fills the whole cache, then runs out of room
+
+
+async def test_kv_events_streamed(make_engine: Make) -> None:
+    from services.common.block_hash import sequence_hashes
+
+    engine = await make_engine()
+    sub = engine.kv_events()
+    p = prompt(64)
+    await collect(engine, EngineRequest("r1", p, max_tokens=1, match_text="say hi"))
+    batch = await asyncio.wait_for(sub.__anext__(), 2)
+    stored = [b.block_hash for e in batch if isinstance(e, KvStored) for b in e.blocks]
+    assert stored[:4] == sequence_hashes(p, 16)
+
+
+async def test_preemption_under_kv_pressure(make_engine: Make) -> None:
+    # 12 blocks of 16 tokens; three requests that each grow to 4+ blocks cannot all fit.
+    engine = await make_engine(num_blocks=12)
+    reqs = [EngineRequest(f"r{i}", prompt(40, start=500 * (i + 1)), max_tokens=40) for i in range(3)]
+    results = await asyncio.gather(*(collect(engine, r) for r in reqs))
+    assert all(len(tokens(outs)) == 40 for outs in results)
+    assert all(outs[-1].finish_reason == "length" for outs in results)
+    assert engine.stats().preemptions > 0
+    assert engine.stats().active_blocks == 0
+    # Preemption does not change what a request generates.
+    solo = await make_engine()
+    expected = tokens(await collect(solo, EngineRequest("x", reqs[2].token_ids, max_tokens=40)))
+    assert tokens(results[2]) == expected
+
+
+async def test_chunked_prefill_of_long_prompt(make_engine: Make) -> None:
+    engine = await make_engine(max_num_batched_tokens=64)
+    outs = await collect(engine, EngineRequest("r1", prompt(500), max_tokens=2))
+    assert len(tokens(outs)) == 2
+    assert engine.stats().steps >= 500 // 64
+
+
+async def test_duplicate_request_id_rejected(make_engine: Make) -> None:
+    engine = await make_engine(speedup=10.0)
+    gen = engine.generate(EngineRequest("dup", prompt(), max_tokens=100))
+    await gen.__anext__()
+    with pytest.raises(InvalidRequestError):
+        await collect(engine, EngineRequest("dup", prompt()))
+    await gen.aclose()
+    assert engine.stats().active_requests == 0
+
+
+async def test_close_finishes_streams(make_engine: Make) -> None:
+    engine = await make_engine(speedup=10.0)
+    gen = engine.generate(EngineRequest("r1", prompt(), max_tokens=1000))
+    await gen.__anext__()
+    await engine.close()
+    rest = [o async for o in gen]
+    assert rest[-1].finish_reason == "cancelled"
