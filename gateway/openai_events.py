@@ -22,9 +22,12 @@ _RANK = {"reasoning_content": 0, "content": 1, "tool_calls": 2}
 
 
 def finish_reason(reason: int, has_tool_calls: bool) -> str:
-    if reason in _FINISH:
-        return _FINISH[reason]
-    return "tool_calls" if has_tool_calls else "stop"
+    """OpenAI's finish_reason; like OpenAI (and vLLM), a turn that made tool calls ends in "tool_calls"."""
+    if reason == common_pb2.FINISH_REASON_LENGTH:
+        return "length"
+    if has_tool_calls:
+        return "tool_calls"
+    return _FINISH.get(reason, "stop")
 
 
 def usage_dict(usage: common_pb2.Usage) -> dict[str, Any]:
