@@ -55,7 +55,7 @@ def test_prefix_reuse_and_refcounts() -> None:
     bm.free(b)
     assert bm.active_blocks == 0 and bm.cached_blocks == 2
     # reuse from inactive blocks
-    c, cached = fill(bm, toks(1, 9))
+    _c, cached = fill(bm, toks(1, 9))
     assert cached == 8 and bm.cached_blocks == 0
 
 
@@ -74,7 +74,7 @@ def test_fully_cached_prompt_still_computes_one_token() -> None:
 def test_salt_changes_hashes() -> None:
     bm = BlockManager(16, BS)
     fill(bm, toks(1, 8))
-    _, cached = fill(bm, toks(1, 8) + [0], salt="tenant-b")
+    _, cached = fill(bm, [*toks(1, 8), 0], salt="tenant-b")
     assert cached == 0
 
 
