@@ -56,7 +56,9 @@ def _append_delta(parts: list[chat_pb2.Part], kind: str, piece: str) -> None:
     if parts and parts[-1].WhichOneof("kind") == kind:
         setattr(parts[-1], kind, getattr(parts[-1], kind) + piece)
     else:
-        parts.append(chat_pb2.Part(**{kind: piece}))
+        part = chat_pb2.Part()
+        setattr(part, kind, piece)
+        parts.append(part)
 
 
 async def one_turn(
@@ -65,7 +67,7 @@ async def one_turn(
     """Stream one turn; returns the assistant message, the running tool tasks and the finish reason."""
     parts: list[chat_pb2.Part] = []
     tasks: list[asyncio.Task[chat_pb2.Message]] = []
-    reason = common_pb2.FINISH_REASON_UNSPECIFIED
+    reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
     async for frame in stub.Chat(request):
         for event in frame.events:
             kind = event.WhichOneof("event")
@@ -95,7 +97,7 @@ async def agent_loop(target: str, prompt: str, model: str, max_turns: int) -> di
         chat_pb2.Message(role="user", parts=[chat_pb2.Part(text=prompt)]),
     ]
     turns = calls = 0
-    final_text, reason = "", common_pb2.FINISH_REASON_UNSPECIFIED
+    final_text, reason = "", int(common_pb2.FINISH_REASON_UNSPECIFIED)
     async with grpc.aio.insecure_channel(target) as channel:
         stub = chat_pb2_grpc.AgentServiceStub(channel)
         while turns < max_turns:
@@ -119,7 +121,7 @@ async def agent_loop(target: str, prompt: str, model: str, max_turns: int) -> di
         "turns": turns,
         "tool_calls": calls,
         "final_text": final_text,
-        "finish_reason": common_pb2.FinishReason.Name(reason),
+        "finish_reason": common_pb2.FinishReason.Name(reason),  # type: ignore[arg-type]
     }
 
 

@@ -52,7 +52,7 @@ def usage(prompt: int, completion: int, cached: int = 0, reasoning_tokens: int =
 
 
 def finish(reason: int = common_pb2.FINISH_REASON_STOP) -> chat_pb2.ChatEvent:
-    return chat_pb2.ChatEvent(finish=chat_pb2.Finish(reason=reason))
+    return chat_pb2.ChatEvent(finish=chat_pb2.Finish(reason=reason))  # type: ignore[arg-type]
 
 
 def error(code: int, message: str) -> chat_pb2.ChatEvent:

@@ -16,7 +16,8 @@ async def test_http_disconnect_cancels_parse_call(gateway: Gateway, fake: FakePa
     fake.script = [batch(started(), text("first"))]
     fake.hang = True
     body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    async with httpx.AsyncClient() as http, http.stream("POST", gateway.http_url + "/v1/chat/completions", json=body) as response:
+    url = gateway.http_url + "/v1/chat/completions"
+    async with httpx.AsyncClient() as http, http.stream("POST", url, json=body) as response:
         async for line in response.aiter_lines():
             if "first" in line:
                 break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 import httpx
@@ -16,12 +17,12 @@ from services.api import common_pb2
 from services.common import errors
 from tests.gateway.fake_parse import FakeParse, batch, error, started, text
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
 
-async def _post(gateway: Gateway, body: object, **kwargs: object) -> httpx.Response:
+async def _post(gateway: Gateway, body: object) -> httpx.Response:
     async with httpx.AsyncClient() as http:
-        return await http.post(gateway.http_url + "/v1/chat/completions", json=body, **kwargs)  # type: ignore[arg-type]
+        return await http.post(gateway.http_url + "/v1/chat/completions", json=body)
 
 
 def _assert_shape(payload: dict[str, object]) -> dict[str, object]:
@@ -58,7 +59,7 @@ async def test_bad_tool_choice_and_content_part(gateway: Gateway) -> None:
 
 async def test_unknown_model_is_404(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
-        await client.chat.completions.create(model="nope", messages=MESSAGES)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="nope", messages=MESSAGES)
     assert info.value.status_code == 404
     body = info.value.body
     assert isinstance(body, dict)
@@ -69,7 +70,7 @@ async def test_parse_down_is_503(gateway_factory: Callable[..., Awaitable[Gatewa
     gateway = await gateway_factory(dead_address)
     client = openai.AsyncOpenAI(base_url=gateway.http_url + "/v1", api_key="k", max_retries=0)
     with pytest.raises(openai.InternalServerError) as info:
-        await client.chat.completions.create(model="demo", messages=MESSAGES)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="demo", messages=MESSAGES)
     assert info.value.status_code == 503
     assert isinstance(info.value.body, dict) and info.value.body["type"] == "service_unavailable"
 
@@ -99,7 +100,7 @@ async def test_in_band_error_after_stream_start(client: openai.AsyncOpenAI, gate
     assert events[-1] == "[DONE]"
     err = _assert_shape(json.loads(events[-2]))
     assert err["message"] == "worker died" and err["type"] == "server_error"
-    stream = await client.chat.completions.create(model="demo", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    stream = await client.chat.completions.create(model="demo", messages=MESSAGES, stream=True)
     with pytest.raises(openai.APIError, match="worker died"):
         async for _ in stream:
             pass

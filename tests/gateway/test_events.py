@@ -36,7 +36,8 @@ def test_reasoning_after_text_starts_a_new_chunk() -> None:
 def test_tool_call_start_and_args_merge_in_one_chunk() -> None:
     enc = ChunkEncoder("id", "m", 0, include_usage=False)
     enc.feed(batch(started()))
-    chunks = enc.feed(batch(call_start(0, "c0", "f"), call_args(0, '{"a"'), call_args(0, ":1}"), call_start(1, "c1", "g")))
+    events = [call_start(0, "c0", "f"), call_args(0, '{"a"'), call_args(0, ":1}"), call_start(1, "c1", "g")]
+    chunks = enc.feed(batch(*events))
     assert _deltas(chunks) == [
         {
             "tool_calls": [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import openai
@@ -22,7 +23,7 @@ from tests.gateway.fake_parse import (
     usage,
 )
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
 
 async def test_stream_reasoning_then_text(client: openai.AsyncOpenAI, fake: FakeParse) -> None:
@@ -32,7 +33,7 @@ async def test_stream_reasoning_then_text(client: openai.AsyncOpenAI, fake: Fake
         batch(reasoning("."), text("Hel")),
         batch(text("lo"), finish(), usage(7, 5)),
     ]
-    stream = await client.chat.completions.create(model="demo", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    stream = await client.chat.completions.create(model="demo", messages=MESSAGES, stream=True)
     chunks = [c async for c in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     reasoning_text = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
@@ -51,9 +52,9 @@ async def test_stream_tool_call(client: openai.AsyncOpenAI, fake: FakeParse) -> 
         batch(call_args(0, '"Paris"}'), dispatch(0, "call_a", "get_weather", '{"city": "Paris"}')),
         batch(finish(common_pb2.FINISH_REASON_TOOL_CALLS), usage(9, 12)),
     ]
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    tools: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     stream = await client.chat.completions.create(
-        model="demo", messages=MESSAGES, tools=tools, stream=True  # type: ignore[arg-type]
+        model="demo", messages=MESSAGES, tools=tools, stream=True
     )
     name, args, call_id, finish_reason = "", "", "", None
     async for chunk in stream:
@@ -76,7 +77,7 @@ async def test_stream_tool_call(client: openai.AsyncOpenAI, fake: FakeParse) -> 
 async def test_stream_include_usage(client: openai.AsyncOpenAI, fake: FakeParse) -> None:
     fake.script = [batch(started(20, 16), text("ok")), batch(finish(), usage(20, 3, cached=16))]
     stream = await client.chat.completions.create(
-        model="demo", messages=MESSAGES, stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
+        model="demo", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
     )
     chunks = [c async for c in stream]
     last = chunks[-1]
@@ -109,7 +110,7 @@ async def test_non_stream_aggregates(client: openai.AsyncOpenAI, fake: FakeParse
         batch(dispatch(0, "call_1", "get_weather", '{"city":"Oslo"}')),
         batch(finish(common_pb2.FINISH_REASON_TOOL_CALLS), usage(30, 11, cached=8)),
     ]
-    completion = await client.chat.completions.create(model="demo", messages=MESSAGES)  # type: ignore[arg-type]
+    completion = await client.chat.completions.create(model="demo", messages=MESSAGES)
     choice = completion.choices[0]
     assert completion.object == "chat.completion"
     assert choice.finish_reason == "tool_calls"
@@ -126,13 +127,13 @@ async def test_non_stream_aggregates(client: openai.AsyncOpenAI, fake: FakeParse
 
 async def test_non_stream_without_text_has_null_content(client: openai.AsyncOpenAI, fake: FakeParse) -> None:
     fake.script = [batch(started(), finish(common_pb2.FINISH_REASON_LENGTH), usage(1, 0))]
-    completion = await client.chat.completions.create(model="demo", messages=MESSAGES)  # type: ignore[arg-type]
+    completion = await client.chat.completions.create(model="demo", messages=MESSAGES)
     assert completion.choices[0].message.content is None
     assert completion.choices[0].finish_reason == "length"
 
 
 async def test_request_mapping(client: openai.AsyncOpenAI, fake: FakeParse) -> None:
-    messages = [
+    messages: Any = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "weather "}, {"type": "text", "text": "in Paris?"}]},
         {
@@ -146,11 +147,11 @@ async def test_request_mapping(client: openai.AsyncOpenAI, fake: FakeParse) -> N
         {"role": "tool", "tool_call_id": "call_9", "content": "sunny"},
         {"role": "assistant", "content": "done", "reasoning": "alt field"},
     ]
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {}}}]
+    tools: Any = [{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {}}}]
     await client.chat.completions.create(
         model="demo",
-        messages=messages,  # type: ignore[arg-type]
-        tools=tools,  # type: ignore[arg-type]
+        messages=messages,
+        tools=tools,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_completion_tokens=77,
         temperature=0.5,
