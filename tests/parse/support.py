@@ -7,7 +7,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from services.parse.conversation import ChatMessage, Conversation, Part, ReasoningPart, TextPart, ToolCallPart, ToolSpec
+from services.parse.conversation import (
+    ChatMessage,
+    Conversation,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolSpec,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TEMPLATES = REPO.parent / "shared" / "chat_templates"
@@ -26,8 +34,11 @@ def conversation_from_openai(conv: dict[str, Any], kwargs: dict[str, Any] | None
         for call in m.get("tool_calls") or []:
             fn = call.get("function", call)
             args = fn["arguments"]
-            parts.append(ToolCallPart(call.get("id", ""), fn["name"], args if isinstance(args, str) else json.dumps(args)))
-        messages.append(ChatMessage(m["role"], tuple(parts), tool_call_id=m.get("tool_call_id", ""), name=m.get("name", "")))
+            text = args if isinstance(args, str) else json.dumps(args)
+            parts.append(ToolCallPart(call.get("id", ""), fn["name"], text))
+        messages.append(
+            ChatMessage(m["role"], tuple(parts), tool_call_id=m.get("tool_call_id", ""), name=m.get("name", ""))
+        )
     tools = tuple(
         ToolSpec(t["function"]["name"], t["function"].get("description", ""), json.dumps(t["function"]["parameters"]))
         for t in conv.get("tools") or []

@@ -120,7 +120,7 @@ def test_billing_header_is_stripped_so_prefixes_are_stable(demo: ModelFormat) ->
 def test_raise_exception_becomes_invalid_request() -> None:
     renderer = ChatTemplateRenderer("{{ raise_exception('no system role here') }}", {})
     conv = Conversation(messages=(ChatMessage("user", (TextPart("x"),)),))
-    with pytest.raises(InvalidRequestError, match="^no system role here$"):
+    with pytest.raises(InvalidRequestError, match=r"^no system role here$"):
         renderer.render(to_template_input(conv))
 
 

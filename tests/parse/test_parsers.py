@@ -1,0 +1,169 @@
+"""Output parsers: every case run whole, per token, per character and in random chunks; all must agree."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from services.common.model_dir import load_model_dir
+from services.parse.parsers.events import (
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallDispatch,
+    ToolCallStart,
+    merge_deltas,
+)
+from services.parse.parsers.pipeline import IncrementalDetokenizer, OutputPipeline
+from services.parse.parsers.reasoning import qwen3_reasoning_parser
+from services.parse.parsers.registry import (
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    UnknownParserError,
+    reasoning_parser_factory,
+    tool_parser_factory,
+)
+from services.parse.parsers.tool_calls import hermes_tool_parser, new_tool_call_id
+
+DEMO = load_model_dir(None)
+R, T = ReasoningDelta, TextDelta
+W_ARGS = '{"city": "Paris", "units": {"temp": "c"}, "note": "a } b \\" </tool_call> {"}'
+
+
+def call(index: int, name: str, args: str) -> list[Event]:
+    cid = f"call_{index}"
+    return [ToolCallStart(index, cid, name), ToolCallArgumentsDelta(index, cid, args),
+            ToolCallDispatch(index, cid, name, args)]
+
+
+def tc(name: str, args: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+# (id, prompt, model output, expected merged events); qwen3 reasoning + hermes tools.
+CASES: list[tuple[str, str, str, list[Event]]] = [
+    ("plain_text", "", "Hello there.", [T("Hello there.")]),
+    ("reasoning_then_text", "", "<think>\nLet me think.\n</think>\n\nParis.", [R("Let me think."), T("Paris.")]),
+    ("prompt_opened_think", "<|im_start|>assistant\n<think>\n", "Hmm.\n</think>\n\nOK", [R("Hmm."), T("OK")]),
+    ("prompt_closed_think", "<think>\n\n</think>\n\n", "Just text", [T("Just text")]),
+    ("unclosed_reasoning", "", "<think>\nstill thinking", [R("still thinking")]),
+    ("half_markers_are_text", "", "a <thi ng and <tool_ca ll> x < y", [T("a <thi ng and <tool_ca ll> x < y")]),
+    ("multibyte", "", "<think>\nünï 日本 🙂\n</think>\n\nçà 😀", [R("ünï 日本 🙂"), T("çà 😀")]),
+    ("reasoning_tool_call", "", "<think>\nNeed weather.\n</think>\n\n" + tc("get_weather", W_ARGS),
+     [R("Need weather."), *call(0, "get_weather", W_ARGS)]),
+    ("text_then_parallel_calls", "", "Sure.\n" + tc("a", '{"x": 1}') + "\n" + tc("b", "{}"),
+     [T("Sure.\n"), *call(0, "a", '{"x": 1}'), T("\n"), *call(1, "b", "{}")]),
+    ("interleaved_reasoning", "",
+     "<think>\nfirst\n</think>\n\n" + tc("a", '{"k": [1, 2]}') + "<think>\nsecond\n</think>\n\n" + tc("b", '"s"'),
+     [R("first"), *call(0, "a", '{"k": [1, 2]}'), R("second"), *call(1, "b", '"s"')]),
+    ("scalar_arguments", "", tc("f", "12") + "done", [*call(0, "f", "12"), T("done")]),
+    ("malformed_is_text", "", "<tool_call>\nnot json\n</tool_call>after",
+     [T("<tool_call>\nnot json\n</tool_call>after")]),
+    ("keys_reordered_whole_body", "", '<tool_call>\n{"arguments": {"q": "x"}, "name": "search"}\n</tool_call>',
+     call(0, "search", '{"q": "x"}')),
+    ("unterminated_header_is_text", "", 'ok <tool_call>\n{"name": "f", "argu',
+     [T('ok <tool_call>\n{"name": "f", "argu')]),
+    ("truncated_arguments_no_dispatch", "", '<tool_call>\n{"name": "f", "arguments": {"a": "lo',
+     [ToolCallStart(0, "call_0", "f"), ToolCallArgumentsDelta(0, "call_0", '{"a": "lo')]),
+]
+
+
+def pipeline(prompt: str) -> OutputPipeline:
+    ids = (f"call_{i}" for i in itertools.count())
+    return OutputPipeline(
+        IncrementalDetokenizer(DEMO.tokenizer, DEMO.eos_token_ids),
+        REASONING_PARSERS["qwen3"](prompt),
+        TOOL_PARSERS["hermes"](lambda: next(ids)),
+    )
+
+
+def run_tokens(prompt: str, chunks: Sequence[Sequence[int]]) -> list[Event]:
+    p = pipeline(prompt)
+    events: list[Event] = []
+    for chunk in chunks:
+        events += p.feed(chunk)
+    return merge_deltas(events + p.finish())
+
+
+def run_text(prompt: str, pieces: Sequence[str]) -> list[Event]:
+    """The parsers alone on text pieces (markers are single demo tokens, so this is what splits them)."""
+    ids = (f"call_{i}" for i in itertools.count())
+    reasoning, tools = qwen3_reasoning_parser(prompt), hermes_tool_parser(lambda: next(ids))
+    events: list[Event] = []
+
+    def route(evs: list[Event]) -> None:
+        for e in evs:
+            events.extend(tools.feed(e.text) if isinstance(e, TextDelta) else [e])
+
+    for piece in pieces:
+        route(reasoning.feed(piece))
+    route(reasoning.finish())
+    events += tools.finish()
+    return merge_deltas(events)
+
+
+def random_chunks(items: Sequence[int] | str, seed: int) -> list[Sequence[int] | str]:
+    rng = random.Random(seed)
+    out, i = [], 0
+    while i < len(items):
+        n = rng.randint(1, 6)
+        out.append(items[i:i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize(("prompt", "output", "expected"), [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_case_whole_per_token_and_random_chunks(prompt: str, output: str, expected: list[Event]) -> None:
+    ids = [*DEMO.tokenizer.encode(output, add_special_tokens=False).ids, DEMO.eos_token_ids[0]]
+    assert run_tokens(prompt, [ids]) == expected
+    assert run_tokens(prompt, [[i] for i in ids]) == expected
+    for seed in range(5):
+        assert run_tokens(prompt, random_chunks(ids, seed)) == expected  # type: ignore[arg-type]
+    assert run_text(prompt, [output]) == expected
+    assert run_text(prompt, list(output)) == expected
+    for seed in range(5):
+        assert run_text(prompt, random_chunks(output, seed)) == expected  # type: ignore[arg-type]
+
+
+def test_arguments_stream_and_dispatch_before_the_call_closes() -> None:
+    parser = hermes_tool_parser(lambda: "call_x")
+    text = tc("get_weather", W_ARGS)
+    body_end = text.index(W_ARGS) + len(W_ARGS)
+    per_char = [parser.feed(c) for c in text[:body_end]]
+    flat = [e for evs in per_char for e in evs]
+    deltas = [e for e in flat if isinstance(e, ToolCallArgumentsDelta)]
+    assert len(deltas) > 5  # streamed, not one blob
+    assert "".join(d.delta for d in deltas) == W_ARGS
+    assert flat[-1] == ToolCallDispatch(0, "call_x", "get_weather", W_ARGS)  # before "}\n</tool_call>" arrived
+    start_at = next(i for i, evs in enumerate(per_char) if evs and isinstance(evs[0], ToolCallStart))
+    assert start_at < text.index('"arguments"') + len('"arguments":')
+    assert parser.feed(text[body_end:]) == []
+    assert parser.finish() == []
+
+
+def test_end_of_turn_text_is_never_emitted() -> None:
+    ids = DEMO.tokenizer.encode("Done<|im_end|>", add_special_tokens=False).ids
+    assert DEMO.eos_token_ids[0] in ids
+    assert run_tokens("", [ids]) == [T("Done")]
+
+
+def test_tool_call_ids_are_openai_style() -> None:
+    cid = new_tool_call_id()
+    assert cid.startswith("call_") and len(cid) == 29 and int(cid[5:], 16) >= 0
+    assert cid != new_tool_call_id()
+
+
+def test_registry_names_are_pinned() -> None:
+    assert set(REASONING_PARSERS) == {"qwen3"}
+    assert set(TOOL_PARSERS) == {"hermes"}
+
+
+def test_unknown_parser_name_lists_valid_names() -> None:
+    with pytest.raises(UnknownParserError, match="valid names: qwen3"):
+        reasoning_parser_factory("deepseek")
+    with pytest.raises(UnknownParserError, match="valid names: hermes"):
+        tool_parser_factory("nope")

@@ -1,0 +1,218 @@
+"""The parse service in-process against a scripted fake router (a unit test of Parse, not an e2e test)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
+from services.common.grpc_util import GrpcServer, open_channel
+from services.common.model_dir import load_model_dir
+from services.parse.model_format import ModelFormat
+from services.parse.server import RunningParse, start
+from services.parse.settings import ParseSettings
+
+DEMO = load_model_dir(None)
+OUTPUT = ('<think>\nNeed the weather.\n</think>\n\n'
+          '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>')
+
+Script = Callable[[worker_pb2.GenerateRequest, Any], AsyncIterator[worker_pb2.GenerateResponse]]
+
+
+class FakeRouter(router_pb2_grpc.RouterServicer):
+    """Streams whatever the current script yields and remembers the requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[worker_pb2.GenerateRequest] = []
+        self.script: Script = scripted(OUTPUT)
+
+    async def Generate(self, request: worker_pb2.GenerateRequest, context: Any) -> AsyncIterator[
+            worker_pb2.GenerateResponse]:
+        self.requests.append(request)
+        async for frame in self.script(request, context):
+            yield frame
+
+
+def scripted(text: str, batch: int = 4, error_after: int | None = None, abort_after: int | None = None) -> Script:
+    ids = [*DEMO.tokenizer.encode(text, add_special_tokens=False).ids, DEMO.eos_token_ids[0]]
+    frames = [ids[i:i + batch] for i in range(0, len(ids), batch)]
+
+    async def script(request: worker_pb2.GenerateRequest, context: Any) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        for n, chunk in enumerate(frames):
+            if n == error_after:
+                yield worker_pb2.GenerateResponse(error=common_pb2.Error(
+                    code=common_pb2.ERROR_CODE_UNAVAILABLE, message="worker died"))
+                return
+            if n == abort_after:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "router lost the worker")
+            frame = worker_pb2.GenerateResponse(token_ids=chunk)
+            if n == 0:
+                frame.prompt.CopyFrom(worker_pb2.PromptInfo(
+                    prompt_tokens=len(request.token_ids), cached_tokens=3, worker_id="w1"))
+            if n == len(frames) - 1:
+                frame.finish_reason = common_pb2.FINISH_REASON_STOP
+                frame.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(request.token_ids),
+                                                      completion_tokens=len(ids), cached_tokens=3))
+            yield frame
+
+    return script
+
+
+@pytest.fixture
+async def mesh() -> AsyncIterator[tuple[FakeRouter, parse_pb2_grpc.ParseStub, RunningParse]]:
+    router = FakeRouter()
+    router_server = GrpcServer(None, "127.0.0.1", 0)
+    router_pb2_grpc.add_RouterServicer_to_server(router, router_server.server)
+    await router_server.start()
+    fmt = ModelFormat(DEMO, reasoning_parser="qwen3", tool_parser="hermes", max_model_len=4096)
+    parse = await start(ParseSettings(port=0, router_address=router_server.address), model_format=fmt)
+    channel = open_channel(parse.address, None)
+    try:
+        yield router, parse_pb2_grpc.ParseStub(channel), parse
+    finally:
+        await channel.close()
+        await parse.stop(0)
+        await router_server.stop(0)
+
+
+def chat_request(**kwargs: Any) -> chat_pb2.ChatRequest:
+    request = chat_pb2.ChatRequest(
+        model="anything",
+        messages=[
+            chat_pb2.Message(role="system",
+                             parts=[chat_pb2.Part(text="x-anthropic-billing-header: cch=1;\nBe brief.")]),
+            chat_pb2.Message(role="user", parts=[chat_pb2.Part(text="Weather in Paris?")]),
+        ],
+        tools=[chat_pb2.Tool(name="get_weather", description="Weather",
+                             parameters_json='{"type": "object", "properties": {"city": {"type": "string"}}}')],
+        identity=common_pb2.Identity(session_id="s1", trajectory_id="t1"),
+        **kwargs,
+    )
+    return request
+
+
+async def collect(stub: parse_pb2_grpc.ParseStub, request: chat_pb2.ChatRequest) -> list[chat_pb2.ChatEventBatch]:
+    return [batch async for batch in stub.Chat(request)]
+
+
+def kinds(batches: list[chat_pb2.ChatEventBatch]) -> list[str]:
+    out: list[str] = []
+    for batch in batches:
+        for event in batch.events:
+            kind = str(event.WhichOneof("event"))
+            if not out or out[-1] != kind or kind == "tool_call_dispatch":
+                out.append(kind)
+    return out
+
+
+async def test_chat_event_order_and_request(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    router, stub, parse = mesh
+    batches = await collect(stub, chat_request(sampling=common_pb2.SamplingParams(max_tokens=100)))
+    assert kinds(batches) == ["started", "reasoning_delta", "tool_call_start", "tool_call_arguments_delta",
+                              "tool_call_dispatch", "usage", "finish"]
+    events = [e for b in batches for e in b.events]
+    started = events[0].started
+    assert (started.model, started.worker_id, started.cached_tokens) == ("demo_model", "w1", 3)
+    assert started.request_id and started.prompt_tokens == len(router.requests[0].token_ids)
+    reasoning = "".join(e.reasoning_delta.text for e in events if e.HasField("reasoning_delta"))
+    assert reasoning == "Need the weather."
+    dispatch = next(e.tool_call_dispatch for e in events if e.HasField("tool_call_dispatch"))
+    args = "".join(e.tool_call_arguments_delta.delta for e in events if e.HasField("tool_call_arguments_delta"))
+    assert dispatch.call.arguments_json == args == '{"city": "Paris", "unit": "celsius"}'
+    assert dispatch.call.name == "get_weather" and dispatch.call.id.startswith("call_")
+    assert events[-1].finish.reason == common_pb2.FINISH_REASON_TOOL_CALLS
+    assert events[-2].usage.completion_tokens > 0
+    # Batching preserved: at most one frame per router frame (never one per token).
+    n_ids = len(DEMO.tokenizer.encode(OUTPUT, add_special_tokens=False).ids) + 1
+    assert len(batches) <= -(-n_ids // 4)
+    sent = router.requests[0]
+    assert list(sent.stop_token_ids) == list(DEMO.eos_token_ids)
+    assert sent.match_text == "Weather in Paris?"
+    assert sent.identity.session_id == "s1" and sent.sampling.max_tokens == 100 and sent.model == "demo_model"
+    rendered = parse.model_format.decode(list(sent.token_ids))
+    assert "billing" not in rendered and rendered.endswith("<|im_start|>assistant\n")
+
+
+async def test_router_error_mid_stream_is_in_band(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    router, stub, _ = mesh
+    router.script = scripted(OUTPUT, error_after=3)
+    events = [e for b in await collect(stub, chat_request()) for e in b.events]
+    assert events[0].HasField("started")
+    assert events[-1].error.code == common_pb2.ERROR_CODE_UNAVAILABLE
+    assert events[-1].error.message == "worker died"
+    assert not any(e.HasField("finish") for e in events)
+
+
+async def test_router_abort_mid_stream_is_in_band(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    router, stub, _ = mesh
+    router.script = scripted(OUTPUT, abort_after=2)
+    events = [e for b in await collect(stub, chat_request()) for e in b.events]
+    assert events[0].HasField("started")
+    assert events[-1].error.code == common_pb2.ERROR_CODE_UNAVAILABLE
+    assert "router lost the worker" in events[-1].error.message
+
+
+async def test_error_before_first_frame_is_a_status(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    router, stub, _ = mesh
+    router.script = scripted(OUTPUT, error_after=0)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, chat_request())
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_context_length_and_bad_requests(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    router, stub, _ = mesh
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, chat_request(sampling=common_pb2.SamplingParams(max_tokens=5000)))
+    assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, chat_request(chat_template_kwargs_json="{oops"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("harnessmesh-error-param", "chat_template_kwargs_json") in tuple(info.value.trailing_metadata() or ())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub, chat_pb2.ChatRequest())
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert router.requests == []
+
+
+async def test_tokenize_detokenize_get_model(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    router, stub, _parse = mesh
+    await collect(stub, chat_request())
+    reply = await stub.Tokenize(parse_pb2.TokenizeRequest(chat=chat_request()))
+    assert list(reply.token_ids) == list(router.requests[0].token_ids)  # exactly what Chat sends the worker
+    assert list(reply.token_ids) == DEMO.tokenizer.encode(reply.rendered, add_special_tokens=False).ids
+    assert reply.max_model_len == 4096
+    raw = await stub.Tokenize(parse_pb2.TokenizeRequest(prompt="hello world"))
+    assert list(raw.token_ids) == DEMO.tokenizer.encode("hello world").ids and raw.rendered == ""
+    text = await stub.Detokenize(parse_pb2.DetokenizeRequest(token_ids=reply.token_ids))
+    assert text.text == reply.rendered
+    model = await stub.GetModel(chat_pb2.ModelInfoRequest())
+    assert (model.served_model_name, model.max_model_len, model.reasoning_parser, model.tool_parser) == (
+        "demo_model", 4096, "qwen3", "hermes")
+    assert model.created > 0
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Tokenize(parse_pb2.TokenizeRequest())
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_client_cancel_cancels_the_router_call(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    router, stub, _ = mesh
+    cancelled = asyncio.Event()
+
+    async def hang(request: worker_pb2.GenerateRequest, context: Any) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        yield worker_pb2.GenerateResponse(token_ids=[10], prompt=worker_pb2.PromptInfo(prompt_tokens=1))
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cancelled.set()
+
+    router.script = hang
+    call = stub.Chat(chat_request())
+    first = await call.read()
+    assert first.events[0].HasField("started")
+    call.cancel()
+    await asyncio.wait_for(cancelled.wait(), 5)
