@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any, TypeAlias
 
 import grpc
@@ -44,6 +46,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GenerateRequest, context: Context  # type: ignore[override]
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         req = convert.request_from_proto(request)
+        if not req.request_id:
+            req = replace(req, request_id=f"req-{uuid.uuid4().hex[:12]}")
         started = time.monotonic()
         with self._tracer.start_as_current_span("worker.generate") as span:
             span.set_attribute("harnessmesh.request_id", req.request_id)
