@@ -22,6 +22,7 @@ class GatewaySettings(CommonSettings):
     api_key: list[str] = option(  # noqa: RUF009 - option() builds a default_factory
         [], "Accepted API key (Authorization: Bearer KEY or x-api-key). None given: no auth.",
         metavar="KEY",
+        secret=True,
     )
     request_timeout: float = option(600.0, "Deadline in seconds of one request to the parse service.")
 

@@ -36,13 +36,17 @@ def option(
     wiring: bool = False,
     choices: Sequence[str] | None = None,
     metavar: str | None = None,
+    secret: bool = False,
 ) -> Any:
     """Declare a settings field.
 
     ``shared``: the option means the same in every service (one env var, one launcher flag).
     ``wiring``: addresses and ports the launcher sets itself; not exposed on ``harnessmesh up``.
+    ``secret``: the value (e.g. an API key) is masked in the start-up settings log event.
     """
-    meta = {"help": help, "shared": shared, "wiring": wiring, "choices": choices, "metavar": metavar}
+    meta = {
+        "help": help, "shared": shared, "wiring": wiring, "choices": choices, "metavar": metavar, "secret": secret,
+    }
     if isinstance(default, list | dict):
         factory = default.copy
         return dataclasses.field(default_factory=factory, metadata=meta)
@@ -203,4 +207,8 @@ def to_argv(settings: Any, *, only: typing.Callable[[dataclasses.Field[Any]], bo
 
 def as_log_dict(settings: Any) -> dict[str, Any]:
     """Settings as a plain dict for the one ``*.settings`` log event at start."""
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    out = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    for f in dataclasses.fields(settings):
+        if f.metadata.get("secret") and out[f.name]:
+            out[f.name] = "***"
+    return out
