@@ -204,3 +204,15 @@ async def test_close_finishes_streams(make_engine: Make) -> None:
     await engine.close()
     rest = [o async for o in gen]
     assert rest[-1].finish_reason == "cancelled"
+
+
+async def test_lone_request_out_of_room_does_not_stall_the_queue(make_engine: Make) -> None:
+    # Two requests that each need the whole cache: the first finishes with "length" when it runs
+    # out of blocks, and the other one (preempted meanwhile) still completes.
+    engine = await make_engine(num_blocks=4)
+    a = EngineRequest("a", prompt(40, start=100), max_tokens=100)
+    b = EngineRequest("b", prompt(40, start=900), max_tokens=100)
+    ra, rb = await asyncio.wait_for(asyncio.gather(collect(engine, a), collect(engine, b)), 5)
+    assert ra[-1].finish_reason == rb[-1].finish_reason == "length"
+    assert len(tokens(ra)) == len(tokens(rb)) == 64 - 40
+    assert engine.stats().active_blocks == 0

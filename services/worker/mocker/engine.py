@@ -200,6 +200,9 @@ class MockerEngine:
                 plan = self.scheduler.schedule()
                 for req in plan.finished:
                     self._release(req)
+                if not plan.items and (plan.preempted or plan.finished):
+                    await asyncio.sleep(0)  # queues changed: schedule again
+                    continue
                 if not plan.items:
                     # Nothing fits (every request waits for blocks that nobody will free): idle until
                     # a request arrives or leaves.
