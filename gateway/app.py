@@ -88,12 +88,11 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
 
 
 async def _on_not_found(request: Request, exc: Exception) -> Response:
-    status = getattr(exc, "status_code", 404)
-    err = errors.NotFoundError(f"{request.method} {request.url.path} is not a route of this server")
-    response = error_response(err)
-    if status == 405:
+    if getattr(exc, "status_code", 404) == 405:
+        response = error_response(errors.InvalidRequestError(f"{request.method} is not allowed on {request.url.path}"))
         response.status_code = 405
-    return response
+        return response
+    return error_response(errors.NotFoundError(f"{request.url.path} is not a route of this server"))
 
 
 def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Tracer | None = None) -> Starlette:
@@ -116,6 +115,7 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
             ValidationError: _on_validation_error,
             404: _on_not_found,
             405: _on_not_found,
+            Exception: _on_mesh_error,  # anything unexpected: a 500 in OpenAI's shape
         },
     )
     if settings.api_key:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -59,7 +60,7 @@ class ChatCompletions:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             encoder = ChunkEncoder(completion_id, public, created, include_usage=include_usage)
             return await self._stream(chat, encoder)
-        return await self._complete(chat, completion_id, public, created)
+        return await _cancel_on_disconnect(request, self._complete(chat, completion_id, public, created))
 
     async def _complete(
         self, chat: chat_pb2.ChatRequest, completion_id: str, model: str, created: int
@@ -105,6 +106,28 @@ async def _sse(
         yield sse_error(exc)
         return
     yield sse_frames(encoder.close()) + DONE
+
+
+async def _cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """Run ``work`` (a non-streaming request) but cancel it, and the parse call, if the client leaves."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return error_response(errors.CancelledError("the client went away"))
+    return task.result()
 
 
 def _headers(request: Request) -> Mapping[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 import httpx
@@ -33,4 +34,14 @@ async def test_grpc_edge_cancel_cancels_parse_call(gateway: Gateway, fake: FakeP
         first = await call.read()
         assert isinstance(first, chat_pb2.ChatEventBatch)
         call.cancel()
+    await asyncio.wait_for(fake.cancelled.wait(), timeout=5)
+
+
+async def test_non_stream_disconnect_cancels_parse_call(gateway: Gateway, fake: FakeParse) -> None:
+    fake.script = [batch(started(), text("first"))]
+    fake.hang = True
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient(timeout=0.5) as http:
+        with contextlib.suppress(httpx.ReadTimeout):
+            await http.post(gateway.http_url + "/v1/chat/completions", json=body)
     await asyncio.wait_for(fake.cancelled.wait(), timeout=5)
