@@ -61,12 +61,20 @@ def _loc_to_param(loc: tuple[int | str, ...]) -> str:
 
 def from_validation_error(exc: ValidationError) -> errors.InvalidRequestError:
     """A pydantic validation error as a 400 naming the first offending field."""
-    first = exc.errors()[0]
-    # Union members add their type name to the location (``content.str``); drop those segments.
-    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS)))
-    param = _loc_to_param(loc)
+    # Union members add their type name to the location (``content.str``, ``tool_choice.NamedToolChoice``);
+    # drop those segments, and report the deepest error: the union member the client most likely meant.
+    def clean(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+        return tuple(p for p in loc if not (isinstance(p, str) and _is_type_tag(p)))
+
+    first = max(exc.errors(), key=lambda e: len(clean(e["loc"])))
+    param = _loc_to_param(clean(first["loc"]))
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     return errors.InvalidRequestError(message, param=param)
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "literal"}
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_type_tag(segment: str) -> bool:
+    # Request fields are snake_case; type tags are builtins, generics (``list[...]``) or model names.
+    return "[" in segment or segment in _TYPE_TAGS or segment[:1].isupper()

@@ -140,3 +140,20 @@ async def test_api_key(gateway_factory: Callable[..., Awaitable[Gateway]], fake_
     assert [m.id async for m in right.models.list()] == ["demo"]
     async with httpx.AsyncClient() as http:
         assert (await http.get(gateway.http_url + "/health")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("patch", "param"),
+    [
+        ({"tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name"),
+        ({"messages": [{"role": "bogus", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"text": "a"}]}]}, "messages[0].content[0].type"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 2}, "n"),
+    ],
+)
+async def test_validation_param(gateway: Gateway, patch: dict[str, object], param: str) -> None:
+    response = await _post(gateway, {"model": "demo", "messages": MESSAGES, **patch})
+    assert response.status_code == 400
+    assert _assert_shape(response.json())["param"] == param
