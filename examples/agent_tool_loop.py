@@ -35,7 +35,7 @@ async def get_weather(arguments: dict[str, Any]) -> str:
     """The local tool: a deterministic fake forecast."""
     city = str(arguments.get("city", "unknown"))
     await asyncio.sleep(0)  # a real tool would do I/O here
-    return json.dumps({"city": city, "forecast": "sunny", "temperature_c": 21})
+    return f"{city}: 22 degrees, sunny"
 
 
 async def run_tool(call: chat_pb2.ToolCall) -> chat_pb2.Message:
