@@ -30,8 +30,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.api import chat_pb2, chat_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
-from tests.support.mesh import running_mesh  # noqa: E402
+from services.api import chat_pb2, chat_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.support.mesh import running_mesh
 
 Sample = tuple[float, float]  # (ttft seconds, mean inter-token seconds)
 

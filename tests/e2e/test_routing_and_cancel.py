@@ -77,15 +77,17 @@ async def heartbeat_counts(nats_url: str, seconds: float) -> dict[str, int]:
 async def test_client_disconnect_frees_the_worker_request(mesh: RunningMesh) -> None:
     body = {"model": "demo", "stream": True, "max_tokens": 3000,
             "messages": [{"role": "user", "content": "Write a very long story about routers."}]}
-    async with httpx.AsyncClient(base_url=mesh.http, timeout=60) as http:
-        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-            assert response.status_code == 200
-            lines = response.aiter_lines()
-            for _ in range(3):
-                await anext(lines)
-            busy = await heartbeat_counts(mesh.nats, 0.6)
-            assert sum(busy.values()) == 1, busy
-        # Leaving the block closed the HTTP connection mid-stream.
+    async with (
+        httpx.AsyncClient(base_url=mesh.http, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.aiter_lines()
+        for _ in range(3):
+            await anext(lines)
+        busy = await heartbeat_counts(mesh.nats, 0.6)
+        assert sum(busy.values()) == 1, busy
+    # Leaving the block closed the HTTP connection mid-stream.
     for _ in range(20):
         idle = await heartbeat_counts(mesh.nats, 0.5)
         if idle and sum(idle.values()) == 0:
