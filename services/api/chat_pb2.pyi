@@ -187,7 +187,7 @@ class ChatRequest(_message.Message):
     chat_template_kwargs_json: _builtins.str
     """extra template variables as a JSON object, e.g. {"enable_thinking": false}"""
     add_generation_prompt: _builtins.bool
-    """unset behaves as true; see continue_final_message"""
+    """unset: true, unless continue_final_message is set"""
     continue_final_message: _builtins.bool
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]: ...
@@ -213,14 +213,16 @@ class ChatRequest(_message.Message):
         identity: _common_pb2.Identity | None = ...,
         hints: _common_pb2.AgentHints | None = ...,
         chat_template_kwargs_json: _builtins.str = ...,
-        add_generation_prompt: _builtins.bool = ...,
+        add_generation_prompt: _builtins.bool | None = ...,
         continue_final_message: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints", "identity", b"identity", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "add_generation_prompt", b"add_generation_prompt", "hints", b"hints", "identity", b"identity", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_generation_prompt", b"add_generation_prompt", "chat_template_kwargs_json", b"chat_template_kwargs_json", "continue_final_message", b"continue_final_message", "hints", b"hints", "identity", b"identity", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "add_generation_prompt", b"add_generation_prompt", "chat_template_kwargs_json", b"chat_template_kwargs_json", "continue_final_message", b"continue_final_message", "hints", b"hints", "identity", b"identity", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__add_generation_prompt: _TypeAlias = _typing.Literal["add_generation_prompt"]  # noqa: Y015
+    _WhichOneofArgType__add_generation_prompt: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__add_generation_prompt) -> _WhichOneofReturnType__add_generation_prompt | None: ...
 
 Global___ChatRequest: _TypeAlias = ChatRequest  # noqa: Y015
 

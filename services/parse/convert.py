@@ -27,8 +27,11 @@ def conversation_from_proto(request: chat_pb2.ChatRequest) -> Conversation:
         messages=tuple(_message(m) for m in request.messages),
         tools=tuple(ToolSpec(t.name, t.description, t.parameters_json) for t in request.tools),
         template_kwargs_json=request.chat_template_kwargs_json,
-        # proto3 cannot tell "unset" from false: unset behaves as true unless continuing the final message.
-        add_generation_prompt=not request.continue_final_message,
+        add_generation_prompt=(
+            request.add_generation_prompt
+            if request.HasField("add_generation_prompt")
+            else not request.continue_final_message
+        ),
         continue_final_message=request.continue_final_message,
     )
 

@@ -147,3 +147,15 @@ def test_tokens_equal_encoding_the_rendered_text(demo: ModelFormat) -> None:
     assert prompt.token_ids == tokenizer.encode(prompt.text, add_special_tokens=False).ids
     assert prompt.text == demo.render(agent_conversation())
     assert demo.decode(prompt.token_ids) == prompt.text
+
+
+def test_add_generation_prompt_unset_true_or_explicitly_false() -> None:
+    from services.api import chat_pb2
+    from services.parse.convert import conversation_from_proto
+
+    messages = [chat_pb2.Message(role="user", parts=[chat_pb2.Part(text="hi")])]
+    assert conversation_from_proto(chat_pb2.ChatRequest(messages=messages)).add_generation_prompt
+    explicit = chat_pb2.ChatRequest(messages=messages, add_generation_prompt=False)
+    assert not conversation_from_proto(explicit).add_generation_prompt
+    continuing = chat_pb2.ChatRequest(messages=messages, continue_final_message=True)
+    assert not conversation_from_proto(continuing).add_generation_prompt
