@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mesh import RunningMesh, running_mesh
+from tests.support.otlp import Collector, running_collector
 
 TOOL_TURN = (
     "<think>\nThe user wants the weather in Paris. I will call get_weather.\n</think>\n\n"
@@ -34,7 +35,14 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="session")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
+def collector() -> Iterator[tuple[str, Collector]]:
+    """An OTLP/gRPC collector the mesh's processes export their spans to."""
+    with running_collector() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def mesh(tmp_path_factory: pytest.TempPathFactory, collector: tuple[str, Collector]) -> Iterator[RunningMesh]:
     """The real mesh: nats-server, router, two mocker workers, parse, gateway — separate processes."""
     tmp = tmp_path_factory.mktemp("mesh")
     script = tmp / "script.jsonl"
@@ -44,5 +52,11 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
         "--reasoning-parser", "qwen3", "--tool-parser", "hermes",
         "--served-model-name", "demo", "--block-size", "16", "--heartbeat-interval", "0.2",
     ]
-    with running_mesh(args, Path(tmp) / "mesh.log") as running:
+    otel = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector[0],
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    with running_mesh(args, Path(tmp) / "mesh.log", env=otel) as running:
         yield running

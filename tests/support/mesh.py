@@ -30,12 +30,14 @@ class RunningMesh:
 
 
 @contextmanager
-def running_mesh(args: Sequence[str], log_path: Path, timeout: float = 120.0) -> Iterator[RunningMesh]:
+def running_mesh(
+    args: Sequence[str], log_path: Path, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> Iterator[RunningMesh]:
     """Start ``harnessmesh up ARGS`` on free ports; yield once it printed its ready line; stop it."""
     http_port, grpc_port = free_port(), free_port()
     argv = [sys.executable, "-m", "services.launcher", "up", "--http-port", str(http_port),
             "--grpc-port", str(grpc_port), *args]
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", **(env or {})}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env)
         try:
