@@ -48,3 +48,12 @@ def test_every_service_has_help() -> None:
                               check=False, timeout=60)
         assert done.returncode == 0, done.stderr
         assert "--log-level" in done.stdout
+
+
+def test_options_doc_is_current() -> None:
+    from pathlib import Path
+
+    from services.launcher.options_doc import render
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "options.md"
+    assert doc.read_text() == render(), "run: python -m services.launcher.options_doc > docs/options.md"
