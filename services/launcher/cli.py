@@ -62,7 +62,7 @@ async def run_up(launcher: LauncherSettings, values: dict[str, Any]) -> int:
             return 0
         stopper.cancel()
         endpoints = start.result()
-        print(f"harnessmesh is up\n  OpenAI/Anthropic HTTP: {endpoints.http}/v1\n"
+        print(f"harnessmesh is up\n  HTTP (OpenAI API):     {endpoints.http}/v1\n"
               f"  gRPC AgentService:     {endpoints.grpc}\n  NATS:                  {endpoints.nats}\n"
               f"  workers:               {', '.join(endpoints.workers)}", flush=True)
         print(ready_line(endpoints), flush=True)

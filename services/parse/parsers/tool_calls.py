@@ -5,6 +5,10 @@ arrives, and ``ToolCallDispatch`` the moment the arguments value is complete (be
 ``}`` and end marker). The deltas concatenate to exactly ``ToolCallDispatch.arguments_json``.
 A body whose header does not stream-parse is judged whole at the end marker: a JSON object with a
 name becomes a call, anything else is emitted back as text. Nothing raises.
+
+Whitespace that only separates text from a call, or calls from each other, is not content: it is held
+back and dropped when a call follows (or the stream ends after one), the way chat templates (Qwen3's,
+the demo model's) re-insert their own separator on replay. A plain text answer keeps its whitespace.
 """
 
 from __future__ import annotations
@@ -123,6 +127,8 @@ class JsonToolCallParser:
         self._name = ""
         self._scanner = _ArgsScanner()
         self._emitted = 0          # chars of the scanner's text already sent as deltas
+        self._held_space = ""      # trailing whitespace of the text so far, not yet known to be content
+        self._space_before_call = ""
         self.dispatched = 0
 
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Event]:
@@ -139,15 +145,19 @@ class JsonToolCallParser:
             if self._state is _State.TEXT:
                 at = self._buf.find(fmt.start)
                 if at >= 0:
-                    if at:
-                        events.append(TextDelta(self._buf[:at]))
+                    self._emit_text(self._buf[:at], events)
+                    # A separator before a call is the template's, not content -- unless the call turns out broken.
+                    self._space_before_call, self._held_space = self._held_space, ""
                     self._buf = self._buf[at + len(fmt.start):]
                     self._state = _State.HEADER
                     continue
                 hold = 0 if final else partial_marker_len(self._buf, fmt.start)
                 emit, self._buf = self._buf[: len(self._buf) - hold], self._buf[len(self._buf) - hold:]
-                if emit:
-                    events.append(TextDelta(emit))
+                self._emit_text(emit, events)
+                if final and self._held_space and self._index < 0:
+                    events.append(TextDelta(self._held_space))
+                if final:
+                    self._held_space = ""
                 return events
             if self._state is _State.HEADER:
                 end = self._buf.find(fmt.end)
@@ -162,7 +172,7 @@ class JsonToolCallParser:
                     self._state = _State.TEXT
                     continue
                 if final:
-                    events.append(TextDelta(fmt.start + self._buf))
+                    events.append(TextDelta(self._space_before_call + fmt.start + self._buf))
                     self._buf = ""
                 return events
             if self._state is _State.ARGS:
@@ -177,6 +187,14 @@ class JsonToolCallParser:
                 return events
             self._buf = self._buf[end + len(fmt.end):]
             self._state = _State.TEXT
+
+    def _emit_text(self, text: str, events: list[Event]) -> None:
+        """Emit text, holding back its trailing whitespace until something other than a call follows."""
+        combined = self._held_space + text
+        body = combined.rstrip()
+        self._held_space = combined[len(body):]
+        if body:
+            events.append(TextDelta(body))
 
     def _start_call(self, raw_name: str, events: list[Event]) -> bool:
         try:
@@ -231,7 +249,7 @@ class JsonToolCallParser:
         except json.JSONDecodeError:
             obj = None
         if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)):
-            return [TextDelta(self._fmt.start + body + self._fmt.end)]
+            return [TextDelta(self._space_before_call + self._fmt.start + body + self._fmt.end)]
         arguments = obj.get("arguments", obj.get("parameters", {}))
         args_json = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
         events: list[Event] = []
