@@ -7,6 +7,7 @@ Subjects (NS = namespace, default "default"):
   harnessmesh.NS.kv.WORKER_ID       KvEventBatch, consecutive event ids per worker
   harnessmesh.NS.workers.heartbeat  WorkerHeartbeat, every heartbeat interval and on start/stop
   harnessmesh.NS.workers.discover   empty; every live worker answers with a heartbeat at once
+Gaps in event ids are repaired through the worker's KvRecovery service (below).
 """
 
 from collections import abc as _abc
@@ -182,10 +183,13 @@ class WorkerHeartbeat(_message.Message):
     LEAVING_FIELD_NUMBER: _builtins.int
     ACTIVE_REQUESTS_FIELD_NUMBER: _builtins.int
     ACTIVE_BLOCKS_FIELD_NUMBER: _builtins.int
+    LAST_EVENT_ID_FIELD_NUMBER: _builtins.int
     leaving: _builtins.bool
     """true on a clean shutdown: forget this worker now"""
     active_requests: _builtins.int
     active_blocks: _builtins.int
+    last_event_id: _builtins.int
+    """id of the last KV event published before this heartbeat (0: none)"""
     @_builtins.property
     def info(self) -> _worker_pb2.WorkerInfo: ...
     def __init__(
@@ -195,11 +199,101 @@ class WorkerHeartbeat(_message.Message):
         leaving: _builtins.bool = ...,
         active_requests: _builtins.int = ...,
         active_blocks: _builtins.int = ...,
+        last_event_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_blocks", b"active_blocks", "active_requests", b"active_requests", "info", b"info", "leaving", b"leaving"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_blocks", b"active_blocks", "active_requests", b"active_requests", "info", b"info", "last_event_id", b"last_event_id", "leaving", b"leaving"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerHeartbeat: _TypeAlias = WorkerHeartbeat  # noqa: Y015
+
+@_typing.final
+class KvReplayRequest(_message.Message):
+    """Recovery: a router that missed events (a gap in event ids) or just started asks the worker directly."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_EVENT_ID_FIELD_NUMBER: _builtins.int
+    from_event_id: _builtins.int
+    """first event wanted; the reply runs to the newest published event"""
+    def __init__(
+        self,
+        *,
+        from_event_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_event_id", b"from_event_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvReplayRequest: _TypeAlias = KvReplayRequest  # noqa: Y015
+
+@_typing.final
+class KvReplayResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    complete: _builtins.bool
+    """false: the ring buffer no longer holds from_event_id (ask for a dump)"""
+    @_builtins.property
+    def batch(self) -> Global___KvEventBatch: ...
+    def __init__(
+        self,
+        *,
+        complete: _builtins.bool = ...,
+        batch: Global___KvEventBatch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "complete", b"complete"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvReplayResponse: _TypeAlias = KvReplayResponse  # noqa: Y015
+
+@_typing.final
+class KvDumpRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvDumpRequest: _TypeAlias = KvDumpRequest  # noqa: Y015
+
+@_typing.final
+class KvDump(_message.Message):
+    """The worker's whole cached block set as of event `last_event_id`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    LAST_EVENT_ID_FIELD_NUMBER: _builtins.int
+    BLOCK_HASHES_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    last_event_id: _builtins.int
+    @_builtins.property
+    def block_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        last_event_id: _builtins.int = ...,
+        block_hashes: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hashes", b"block_hashes", "last_event_id", b"last_event_id", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvDump: _TypeAlias = KvDump  # noqa: Y015

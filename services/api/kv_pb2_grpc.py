@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from services.api import kv_pb2 as services_dot_api_dot_kv__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -22,3 +23,121 @@ if _version_not_supported:
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
+
+
+class KvRecoveryStub:
+    """Served by every worker next to its Worker service.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Replay = channel.unary_unary(
+                '/harnessmesh.v1.KvRecovery/Replay',
+                request_serializer=services_dot_api_dot_kv__pb2.KvReplayRequest.SerializeToString,
+                response_deserializer=services_dot_api_dot_kv__pb2.KvReplayResponse.FromString,
+                _registered_method=True)
+        self.Dump = channel.unary_unary(
+                '/harnessmesh.v1.KvRecovery/Dump',
+                request_serializer=services_dot_api_dot_kv__pb2.KvDumpRequest.SerializeToString,
+                response_deserializer=services_dot_api_dot_kv__pb2.KvDump.FromString,
+                _registered_method=True)
+
+
+class KvRecoveryServicer:
+    """Served by every worker next to its Worker service.
+    """
+
+    def Replay(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Dump(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_KvRecoveryServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Replay': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replay,
+                    request_deserializer=services_dot_api_dot_kv__pb2.KvReplayRequest.FromString,
+                    response_serializer=services_dot_api_dot_kv__pb2.KvReplayResponse.SerializeToString,
+            ),
+            'Dump': grpc.unary_unary_rpc_method_handler(
+                    servicer.Dump,
+                    request_deserializer=services_dot_api_dot_kv__pb2.KvDumpRequest.FromString,
+                    response_serializer=services_dot_api_dot_kv__pb2.KvDump.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'harnessmesh.v1.KvRecovery', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('harnessmesh.v1.KvRecovery', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class KvRecovery:
+    """Served by every worker next to its Worker service.
+    """
+
+    @staticmethod
+    def Replay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/harnessmesh.v1.KvRecovery/Replay',
+            services_dot_api_dot_kv__pb2.KvReplayRequest.SerializeToString,
+            services_dot_api_dot_kv__pb2.KvReplayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Dump(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/harnessmesh.v1.KvRecovery/Dump',
+            services_dot_api_dot_kv__pb2.KvDumpRequest.SerializeToString,
+            services_dot_api_dot_kv__pb2.KvDump.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

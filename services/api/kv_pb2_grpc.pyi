@@ -7,13 +7,21 @@ Subjects (NS = namespace, default "default"):
   harnessmesh.NS.kv.WORKER_ID       KvEventBatch, consecutive event ids per worker
   harnessmesh.NS.workers.heartbeat  WorkerHeartbeat, every heartbeat interval and on start/stop
   harnessmesh.NS.workers.discover   empty; every live worker answers with a heartbeat at once
+Gaps in event ids are repaired through the worker's KvRecovery service (below).
 """
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from services.api import kv_pb2 as _kv_pb2
 import abc as _abc_1
 import grpc as _grpc
+import sys
 import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import Self as _Self
+else:
+    from typing_extensions import Self as _Self
 
 _T = _typing.TypeVar("_T")
 
@@ -24,3 +32,40 @@ class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ig
 
 GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
+
+class KvRecoveryStub:
+    """Served by every worker next to its Worker service."""
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> KvRecoveryAsyncStub: ...
+    Replay: _grpc.UnaryUnaryMultiCallable[_kv_pb2.KvReplayRequest, _kv_pb2.KvReplayResponse]
+    Dump: _grpc.UnaryUnaryMultiCallable[_kv_pb2.KvDumpRequest, _kv_pb2.KvDump]
+
+@_typing.type_check_only
+class KvRecoveryAsyncStub(KvRecoveryStub):
+    """Served by every worker next to its Worker service."""
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Replay: _aio.UnaryUnaryMultiCallable[_kv_pb2.KvReplayRequest, _kv_pb2.KvReplayResponse]  # type: ignore[assignment]
+    Dump: _aio.UnaryUnaryMultiCallable[_kv_pb2.KvDumpRequest, _kv_pb2.KvDump]  # type: ignore[assignment]
+
+class KvRecoveryServicer(metaclass=_abc_1.ABCMeta):
+    """Served by every worker next to its Worker service."""
+
+    @_abc_1.abstractmethod
+    def Replay(
+        self,
+        request: _kv_pb2.KvReplayRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kv_pb2.KvReplayResponse, _abc.Awaitable[_kv_pb2.KvReplayResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Dump(
+        self,
+        request: _kv_pb2.KvDumpRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kv_pb2.KvDump, _abc.Awaitable[_kv_pb2.KvDump]]: ...
+
+def add_KvRecoveryServicer_to_server(servicer: KvRecoveryServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -34,6 +34,8 @@ class GenerateRequest(_message.Message):
     MATCH_TEXT_FIELD_NUMBER: _builtins.int
     STOP_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     CACHE_SALT_FIELD_NUMBER: _builtins.int
+    PREFILL_ONLY_FIELD_NUMBER: _builtins.int
+    TARGET_WORKER_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     match_text: _builtins.str
@@ -42,6 +44,12 @@ class GenerateRequest(_message.Message):
     """
     cache_salt: _builtins.str
     """changes block hashes (per-tenant isolation)"""
+    prefill_only: _builtins.bool
+    """Speculative prefill: compute (and cache) the prompt's KV, stream no tokens. Set by the parse
+    service after a turn, for the predicted next-turn prefix.
+    """
+    target_worker_id: _builtins.str
+    """Run on this worker if it is live (speculative prefill targets the worker of the previous turn)."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -66,10 +74,12 @@ class GenerateRequest(_message.Message):
         match_text: _builtins.str = ...,
         stop_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         cache_salt: _builtins.str = ...,
+        prefill_only: _builtins.bool = ...,
+        target_worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints", "identity", b"identity", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "hints", b"hints", "identity", b"identity", "match_text", b"match_text", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "stop_token_ids", b"stop_token_ids", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "hints", b"hints", "identity", b"identity", "match_text", b"match_text", "model", b"model", "prefill_only", b"prefill_only", "request_id", b"request_id", "sampling", b"sampling", "stop_token_ids", b"stop_token_ids", "target_worker_id", b"target_worker_id", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
