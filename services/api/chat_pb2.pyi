@@ -496,11 +496,16 @@ class ModelInfo(_message.Message):
     REASONING_PARSER_FIELD_NUMBER: _builtins.int
     TOOL_PARSER_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
+    INPUT_MODALITIES_FIELD_NUMBER: _builtins.int
     served_model_name: _builtins.str
     max_model_len: _builtins.int
     reasoning_parser: _builtins.str
     tool_parser: _builtins.str
     created: _builtins.int
+    @_builtins.property
+    def input_modalities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """from the model's config.json: "text", plus "image" / "audio" """
+
     def __init__(
         self,
         *,
@@ -509,10 +514,11 @@ class ModelInfo(_message.Message):
         reasoning_parser: _builtins.str = ...,
         tool_parser: _builtins.str = ...,
         created: _builtins.int = ...,
+        input_modalities: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "max_model_len", b"max_model_len", "reasoning_parser", b"reasoning_parser", "served_model_name", b"served_model_name", "tool_parser", b"tool_parser"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "input_modalities", b"input_modalities", "max_model_len", b"max_model_len", "reasoning_parser", b"reasoning_parser", "served_model_name", b"served_model_name", "tool_parser", b"tool_parser"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

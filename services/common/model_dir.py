@@ -113,3 +113,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelDirError(f"{str(path)!r} is not a JSON object")
     return data
+
+
+def input_modalities(config: dict[str, Any]) -> list[str]:
+    """What the model accepts, read from its ``config.json``: always text, plus image/audio encoders."""
+    modalities = ["text"]
+    if any(key in config for key in ("vision_config", "image_token_id", "image_token_index")):
+        modalities.append("image")
+    if any(key in config for key in ("audio_config", "audio_token_id", "audio_token_index")):
+        modalities.append("audio")
+    return modalities

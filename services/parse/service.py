@@ -15,6 +15,7 @@ from opentelemetry import trace
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
 from services.common import errors
 from services.common.errors import InternalError, InvalidRequestError, MeshError
+from services.common.model_dir import input_modalities
 from services.parse import convert
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
@@ -140,6 +141,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             reasoning_parser=fmt.reasoning_parser,
             tool_parser=fmt.tool_parser,
             created=self._created,
+            input_modalities=input_modalities(fmt.model_dir.config),
         )
 
 
