@@ -181,6 +181,7 @@ class ChatRequest(_message.Message):
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _builtins.int
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _builtins.int
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _builtins.int
+    STRIP_BILLING_HEADER_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """empty: the server assigns one"""
     model: _builtins.str
@@ -189,6 +190,10 @@ class ChatRequest(_message.Message):
     add_generation_prompt: _builtins.bool
     """unset: true, unless continue_final_message is set"""
     continue_final_message: _builtins.bool
+    strip_billing_header: _builtins.bool
+    """Drop Claude Code's per-session 'x-anthropic-billing-header:' lines before rendering. Unset: the
+    parse service's --strip-billing-header default; the Anthropic API sets it (--no-strip-anthropic-preamble).
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]: ...
     @_builtins.property
@@ -215,14 +220,20 @@ class ChatRequest(_message.Message):
         chat_template_kwargs_json: _builtins.str = ...,
         add_generation_prompt: _builtins.bool | None = ...,
         continue_final_message: _builtins.bool = ...,
+        strip_billing_header: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "add_generation_prompt", b"add_generation_prompt", "hints", b"hints", "identity", b"identity", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "hints", b"hints", "identity", b"identity", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "add_generation_prompt", b"add_generation_prompt", "chat_template_kwargs_json", b"chat_template_kwargs_json", "continue_final_message", b"continue_final_message", "hints", b"hints", "identity", b"identity", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "chat_template_kwargs_json", b"chat_template_kwargs_json", "continue_final_message", b"continue_final_message", "hints", b"hints", "identity", b"identity", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__add_generation_prompt: _TypeAlias = _typing.Literal["add_generation_prompt"]  # noqa: Y015
     _WhichOneofArgType__add_generation_prompt: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt"]  # noqa: Y015
+    _WhichOneofReturnType__strip_billing_header: _TypeAlias = _typing.Literal["strip_billing_header"]  # noqa: Y015
+    _WhichOneofArgType__strip_billing_header: _TypeAlias = _typing.Literal["_strip_billing_header", b"_strip_billing_header"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__add_generation_prompt) -> _WhichOneofReturnType__add_generation_prompt | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__strip_billing_header) -> _WhichOneofReturnType__strip_billing_header | None: ...
 
 Global___ChatRequest: _TypeAlias = ChatRequest  # noqa: Y015
 

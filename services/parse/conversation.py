@@ -74,6 +74,7 @@ class Conversation:
     template_kwargs_json: str = ""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    strip_billing_header: bool | None = None  # per request (the Anthropic API sets it); None: the service default
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ def conversation_from_proto(request: chat_pb2.ChatRequest) -> Conversation:
             else not request.continue_final_message
         ),
         continue_final_message=request.continue_final_message,
+        strip_billing_header=request.strip_billing_header if request.HasField("strip_billing_header") else None,
     )
 
 

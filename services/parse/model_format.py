@@ -57,7 +57,9 @@ class ModelFormat:
             self.renderer = ChatTemplateRenderer(model_dir.chat_template, model_dir.special_tokens, now)
 
     def render(self, conversation: Conversation) -> str:
-        return self.renderer.render(to_template_input(conversation, strip_billing=self._strip_billing))
+        strip = conversation.strip_billing_header
+        return self.renderer.render(
+            to_template_input(conversation, strip_billing=self._strip_billing if strip is None else strip))
 
     def build_prompt(self, conversation: Conversation) -> Prompt:
         """Render and tokenize like ``apply_chat_template(tokenize=True)``: no extra special tokens."""
