@@ -13,10 +13,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.anthropic import anthropic_routes
+from gateway.anthropic import errors as anthropic_errors
+from gateway.catalog import ModelCatalog
 from gateway.errors import error_response, from_validation_error
 from gateway.models_api import ModelsApi
 from gateway.openai_chat import ChatCompletions
 from gateway.parse_client import ParseClient
+from gateway.responses.api import ResponsesApi
+from gateway.responses.store import ResponseStore
 from gateway.settings import GatewaySettings
 from gateway.tokenize_api import TokenizeApi
 from services.common import errors
@@ -67,40 +72,55 @@ class ApiKeyMiddleware:
 
     def _allowed(self, request: Request) -> bool:
         auth = request.headers.get("authorization", "")
-        token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-        return any(hmac.compare_digest(token.encode(), key) for key in self.keys)
+        tokens = [auth[7:].strip() if auth.lower().startswith("bearer ") else "", request.headers.get("x-api-key", "")]
+        return any(hmac.compare_digest(t.encode(), key) for t in tokens if t for key in self.keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in _PUBLIC_PATHS and not self._allowed(Request(scope)):
             err = errors.UnauthenticatedError("Incorrect or missing API key.")
-            await error_response(err)(scope, receive, send)
+            await _api_error(Request(scope), err)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
 
-async def _on_mesh_error(request: Request, exc: Exception) -> Response:
+def _api_error(request: Request, exc: BaseException) -> Response:
+    """``exc`` in the error shape of the API the request speaks: Anthropic's or OpenAI's."""
+    if anthropic_errors.is_anthropic_request(request):
+        if isinstance(exc, ValidationError):
+            exc = anthropic_errors.from_validation_error(exc)
+        return anthropic_errors.error_response(exc)
+    if isinstance(exc, ValidationError):
+        exc = from_validation_error(exc)
     return error_response(exc)
+
+
+async def _on_mesh_error(request: Request, exc: Exception) -> Response:
+    return _api_error(request, exc)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ValidationError)
-    return error_response(from_validation_error(exc))
+    return _api_error(request, exc)
 
 
 async def _on_not_found(request: Request, exc: Exception) -> Response:
     if getattr(exc, "status_code", 404) == 405:
-        response = error_response(errors.InvalidRequestError(f"{request.method} is not allowed on {request.url.path}"))
+        not_allowed = errors.InvalidRequestError(f"{request.method} is not allowed on {request.url.path}")
+        response = _api_error(request, not_allowed)
         response.status_code = 405
         return response
-    return error_response(errors.NotFoundError(f"{request.url.path} is not a route of this server"))
+    return _api_error(request, errors.NotFoundError(f"{request.url.path} is not a route of this server"))
 
 
 def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Tracer | None = None) -> Starlette:
     """The gateway's HTTP app over ``parse``; ``tracer`` defaults to the global provider's."""
-    models = ModelsApi(parse)
+    catalog = ModelCatalog.load(settings.model_catalog) if settings.model_catalog else ModelCatalog()
+    models = ModelsApi(parse, catalog)
+    responses = ResponsesApi(parse, ResponseStore(settings.responses_store_size, settings.responses_store_ttl))
     tokenize = TokenizeApi(parse)
     routes = [
         Route("/v1/chat/completions", ChatCompletions(parse).handle, methods=["POST"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/health", models.health, methods=["GET"]),
@@ -108,6 +128,10 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),
     ]
+    if settings.enable_anthropic_api:
+        routes.extend(anthropic_routes(parse, settings))
+    if settings.enable_anthropic_api:
+        routes.extend(anthropic_routes(parse, settings))
     app = Starlette(
         routes=routes,
         exception_handlers={

@@ -7,13 +7,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.anthropic.models_list import model_object, model_page
+from gateway.catalog import ModelCatalog
 from gateway.parse_client import ParseClient
 from services.api import chat_pb2
 from services.common import errors
 
 
-def model_card(name: str, info: chat_pb2.ModelInfo) -> dict[str, Any]:
-    """OpenAI's model object, plus vLLM's ``max_model_len``."""
+def model_card(name: str, info: chat_pb2.ModelInfo, catalog: ModelCatalog | None = None) -> dict[str, Any]:
+    """OpenAI's model object, plus vLLM's ``max_model_len`` and the catalog's metadata."""
     return {
         "id": name,
         "object": "model",
@@ -21,25 +23,32 @@ def model_card(name: str, info: chat_pb2.ModelInfo) -> dict[str, Any]:
         "owned_by": "harnessmesh",
         "root": info.served_model_name,
         "max_model_len": info.max_model_len,
+        **(catalog or ModelCatalog()).profile(info, name).metadata(),
     }
 
 
 class ModelsApi:
     """Model discovery and health endpoints over a ``ParseClient``."""
 
-    def __init__(self, parse: ParseClient) -> None:
+    def __init__(self, parse: ParseClient, catalog: ModelCatalog | None = None) -> None:
         self._parse = parse
+        self._catalog = catalog or ModelCatalog()
 
     async def list_models(self, request: Request) -> Response:
         info = await self._parse.get_model()
-        return JSONResponse({"object": "list", "data": [model_card(self._parse.public_name(info), info)]})
+        if "anthropic-version" in request.headers:  # Anthropic's SDKs and Claude Code send it
+            return JSONResponse(model_page([self._parse.public_name(info), *self._parse.aliases], info))
+        card = model_card(self._parse.public_name(info), info, self._catalog)
+        return JSONResponse({"object": "list", "data": [card]})
 
     async def get_model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
         if not model_id:
             raise errors.NotFoundError("model id is empty", param="model")
         public, info = await self._parse.resolve_model(model_id)
-        return JSONResponse(model_card(public, info))
+        if "anthropic-version" in request.headers:
+            return JSONResponse(model_object(public, info))
+        return JSONResponse(model_card(public, info, self._catalog))
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

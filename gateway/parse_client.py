@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 
 import grpc
 
@@ -26,6 +26,7 @@ class ParseClient:
         probe_timeout: float = 2.0,
         model_ttl: float = 5.0,
         served_model_name: str = "",
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         self._stub = parse_pb2_grpc.ParseStub(channel)
         self._timeout = timeout
@@ -34,6 +35,7 @@ class ParseClient:
         self._model: chat_pb2.ModelInfo | None = None
         self._model_at = 0.0
         self._served_name = served_model_name
+        self.aliases: dict[str, str] = dict(aliases or {})  # --model-alias NAME=SERVED
 
     async def chat(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
         """Stream the parse service's event batches for ``request``."""
@@ -69,7 +71,13 @@ class ParseClient:
         return self._served_name or info.served_model_name
 
     async def resolve_model(self, requested: str) -> tuple[str, chat_pb2.ModelInfo]:
-        """The public name for ``requested`` (empty means the served model); unknown names raise 404."""
+        """The public name for ``requested`` (empty means the served model); unknown names raise 404.
+
+        An alias resolves to its target and stays the public name: clients see the name they asked for.
+        """
+        if requested in self.aliases:
+            _, info = await self.resolve_model(self.aliases[requested])
+            return requested, info
         info = await self.get_model()
         public = self.public_name(info)
         if requested and requested not in (public, info.served_model_name):

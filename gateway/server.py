@@ -51,7 +51,8 @@ class Gateway:
         self._tracing = tracing
         self._channel = open_channel(settings.parse_address, tracing)
         self.parse = ParseClient(
-            self._channel, timeout=settings.request_timeout, served_model_name=settings.served_model_name
+            self._channel, timeout=settings.request_timeout, served_model_name=settings.served_model_name,
+            aliases=settings.model_aliases(),
         )
         self.app = create_app(self.parse, settings, tracing.tracer if tracing is not None else None)
         self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port)

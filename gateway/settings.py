@@ -25,6 +25,34 @@ class GatewaySettings(CommonSettings):
         secret=True,
     )
     request_timeout: float = option(600.0, "Deadline in seconds of one request to the parse service.")
+    enable_anthropic_api: bool = option(
+        True, "Serve the Anthropic Messages API (POST /v1/messages, POST /v1/messages/count_tokens).")
+    strip_anthropic_preamble: bool = option(
+        True, "Anthropic API: drop Claude Code's per-session 'x-anthropic-billing-header:' system line before "
+        "tokenization (count_tokens too), so prompts keep a cacheable prefix.")
+    model_alias: list[str] = option(  # noqa: RUF009 - option() builds a default_factory
+        [], "Another model name clients may ask for, served by this mesh's model (repeatable).",
+        metavar="NAME=SERVED",
+    )
+    thinking_signature_key: str = option(
+        "", "Key signing the Anthropic API's thinking blocks (empty: a random key per process).", secret=True)
+    model_catalog: str = option(
+        "", "Model catalog file (YAML or JSON): per-model metadata served by /v1/models (see gateway/catalog.py).",
+        metavar="FILE",
+    )
+    responses_store_size: int = option(
+        1024, "Responses kept in memory for previous_response_id (least recently used dropped; 0: none).")
+    responses_store_ttl: float = option(3600.0, "Seconds a stored response is kept after its last use.")
+
+    def model_aliases(self) -> dict[str, str]:
+        """``--model-alias NAME=SERVED`` as a mapping; a malformed entry raises ValueError."""
+        out: dict[str, str] = {}
+        for entry in self.model_alias:
+            name, sep, served = entry.partition("=")
+            if not sep or not name.strip() or not served.strip():
+                raise ValueError(f"model_alias must be NAME=SERVED, got {entry!r}")
+            out[name.strip()] = served.strip()
+        return out
 
     def validate(self) -> None:
         for name in ("http_port", "grpc_port"):
@@ -33,3 +61,6 @@ class GatewaySettings(CommonSettings):
                 raise ValueError(f"{name} must be in 0..65535, got {port}")
         if self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
+        self.model_aliases()
+        if self.responses_store_size < 0 or self.responses_store_ttl <= 0:
+            raise ValueError("responses_store_size must be >= 0 and responses_store_ttl positive")
