@@ -20,3 +20,8 @@ def heartbeat(namespace: str) -> str:
 def discover(namespace: str) -> str:
     """A router asks every live worker to heartbeat now."""
     return f"harnessmesh.{namespace}.workers.discover"
+
+
+def namespace_all(namespace: str) -> str:
+    """Every subject of a namespace (one subscription keeps KV events and heartbeats in order)."""
+    return f"harnessmesh.{namespace}.>"

@@ -1,4 +1,9 @@
-"""Feeds the router from NATS: workers' KV events and heartbeats."""
+"""Feeds the router from NATS: workers' KV events and heartbeats, and starts index repairs.
+
+One subscription covers the namespace, so a worker's KV events and its heartbeats are handled in the
+order the worker published them: a heartbeat whose ``last_event_id`` is ahead of the index proves
+events were lost even when no later event arrives to show the gap.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from google.protobuf.message import DecodeError
 from services.api import kv_pb2
 from services.common import subjects
 from services.router import convert
+from services.router.recovery import KvRecoverer
 from services.router.registry import WorkerEndpoint
 from services.router.router import Router
 
@@ -27,20 +33,23 @@ class WorkerEventsConsumer:
         nc: Any,
         namespace: str,
         router: Router,
-        on_worker_gone: Callable[[WorkerEndpoint], Awaitable[None]],
+        recoverer: KvRecoverer,
+        on_worker_gone: Callable[[WorkerEndpoint, bool], Awaitable[None]],
         expire_interval: float = 0.5,
     ) -> None:
         self._nc = nc
         self._ns = namespace
         self._router = router
+        self._recoverer = recoverer
         self._on_gone = on_worker_gone
         self._expire_interval = expire_interval
-        self._subs: list[Any] = []
+        self._kv_prefix = subjects.kv_events(namespace, "")
+        self._heartbeat = subjects.heartbeat(namespace)
+        self._sub: Any = None
         self._expirer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._subs.append(await self._nc.subscribe(subjects.kv_events_all(self._ns), cb=self._on_kv))
-        self._subs.append(await self._nc.subscribe(subjects.heartbeat(self._ns), cb=self._on_heartbeat))
+        self._sub = await self._nc.subscribe(subjects.namespace_all(self._ns), cb=self._on_message)
         await self._nc.flush()
         await self._nc.publish(subjects.discover(self._ns), b"")
         self._expirer = asyncio.create_task(self._expire_loop())
@@ -50,39 +59,50 @@ class WorkerEventsConsumer:
             self._expirer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._expirer
-        for sub in self._subs:
+        if self._sub is not None:
             with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        self._subs.clear()
+                await self._sub.unsubscribe()
+            self._sub = None
+        await self._recoverer.close()
 
-    async def _on_kv(self, msg: Any) -> None:
+    async def _on_message(self, msg: Any) -> None:
         try:
-            batch = kv_pb2.KvEventBatch.FromString(msg.data)
+            if msg.subject.startswith(self._kv_prefix):
+                self._on_kv(kv_pb2.KvEventBatch.FromString(msg.data))
+            elif msg.subject == self._heartbeat:
+                await self._on_heartbeat(kv_pb2.WorkerHeartbeat.FromString(msg.data))
         except DecodeError:
-            log.warning("router.bad_kv_message", subject=msg.subject)
-            return
-        self._router.on_kv_events(batch.worker_id, convert.kv_events(batch))
+            log.warning("router.bad_message", subject=msg.subject)
 
-    async def _on_heartbeat(self, msg: Any) -> None:
-        try:
-            beat = kv_pb2.WorkerHeartbeat.FromString(msg.data)
-        except DecodeError:
-            log.warning("router.bad_heartbeat", subject=msg.subject)
-            return
+    def _on_kv(self, batch: kv_pb2.KvEventBatch) -> None:
+        if self._router.on_kv_events(batch.worker_id, convert.kv_events(batch)):
+            log.warning("router.kv_gap", worker_id=batch.worker_id,
+                        last_event_id=self._router.index.last_event_id(batch.worker_id))
+            self._recoverer.repair(batch.worker_id)
+
+    async def _on_heartbeat(self, beat: kv_pb2.WorkerHeartbeat) -> None:
         endpoint = convert.endpoint(beat.info)
+        wid = endpoint.worker_id
         if beat.leaving:
-            gone = self._router.forget(endpoint.worker_id)
+            gone = self._router.forget(wid)
             if gone is not None:
                 log.info("router.worker_left", worker_id=gone.worker_id, address=gone.address)
-                await self._on_gone(gone)
+                await self._on_gone(gone, False)
             return
+        index = self._router.index
         if self._router.on_heartbeat(endpoint):
-            log.info("router.worker_joined", worker_id=endpoint.worker_id, address=endpoint.address,
-                     block_size=endpoint.block_size)
+            log.info("router.worker_joined", worker_id=wid, address=endpoint.address,
+                     block_size=endpoint.block_size, last_event_id=beat.last_event_id)
+            if beat.last_event_id > (index.last_event_id(wid) or 0) or not index.is_synced(wid):
+                self._recoverer.repair(wid, dump=True)
+        elif index.is_behind(wid, beat.last_event_id):
+            log.warning("router.kv_behind", worker_id=wid, published=beat.last_event_id,
+                        applied=index.last_event_id(wid))
+            self._recoverer.repair(wid)
 
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(self._expire_interval)
             for gone in self._router.expire():
                 log.warning("router.worker_expired", worker_id=gone.worker_id, address=gone.address)
-                await self._on_gone(gone)
+                await self._on_gone(gone, True)

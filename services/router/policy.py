@@ -1,18 +1,27 @@
 """Placement: which worker should run a request, given prefix overlaps and load.
 
-``kv`` mode scores each worker by ``overlap_weight * new_prefill_blocks + active_blocks`` — the
-blocks it would have to prefill for this request plus the KV it already has in use for requests in
-flight — and picks the lowest; ties go to the worker with fewer requests in flight. The other modes
-exist so benchmarks compare like with like.
+``kv`` mode scores each worker (lower is better) as in Dynamo's KV router::
+
+    cost = overlap_weight * (prefill blocks in flight + new_blocks) + (active blocks in flight
+           + request blocks + expected decode blocks)
+
+``new_blocks`` are the blocks of this prompt the worker does not hold (its prefill work); the second
+term is the KV the worker will be holding (every prompt block plus ``agent_hints.osl`` worth of decode
+blocks). With ``temperature == 0`` the cheapest worker wins and ties go to the worker with fewer requests
+in flight; with ``temperature > 0`` the first worker is drawn from a softmax over the normalised costs
+(the rest stay cheapest-first, as fallbacks). The other modes exist so benchmarks compare like with like.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from services.router.registry import WorkerLoad
+
+MODES = ("kv", "round-robin", "random", "least-loaded")
 
 
 @dataclass(frozen=True)
@@ -26,11 +35,16 @@ class Candidate:
 
 
 class PlacementPolicy:
-    """Orders candidate workers best-first for one request (the rest are retry fallbacks)."""
+    """Orders candidate workers best-first for one request (the rest are retry/migration fallbacks)."""
 
-    def __init__(self, mode: str, overlap_weight: float, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, mode: str, overlap_weight: float, rng: random.Random | None = None, temperature: float = 0.0
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown routing mode {mode!r}; valid modes: {', '.join(MODES)}")
         self.mode = mode
         self.overlap_weight = overlap_weight
+        self.temperature = temperature
         self._rng = rng or random.Random()
         self._next = 0
 
@@ -39,29 +53,42 @@ class PlacementPolicy:
         request_blocks: int,
         overlaps: Mapping[str, int],
         loads: Mapping[str, WorkerLoad],
+        decode_blocks: int = 0,
     ) -> list[Candidate]:
-        workers = sorted(overlaps)
         candidates = []
-        for wid in workers:
+        for wid in sorted(overlaps):
             overlap = overlaps[wid]
             new = max(request_blocks - overlap, 0)
-            cost = self.overlap_weight * new + loads[wid].active_blocks
-            candidates.append(Candidate(wid, overlap, new, cost))
+            load = loads[wid]
+            prefill = load.prefill_blocks + new
+            active = load.active_blocks + request_blocks + decode_blocks
+            candidates.append(Candidate(wid, overlap, new, self.overlap_weight * prefill + active))
         if not candidates:
             return []
         if self.mode == "kv":
-            return sorted(candidates, key=lambda c: (c.cost, loads[c.worker_id].requests, c.worker_id))
+            ranked = sorted(candidates, key=lambda c: (c.cost, loads[c.worker_id].requests, c.worker_id))
+            if self.temperature > 0 and len(ranked) > 1:
+                first = self._sample(ranked)
+                ranked.remove(first)
+                ranked.insert(0, first)
+            return ranked
         if self.mode == "least-loaded":
-            return sorted(candidates, key=lambda c: (loads[c.worker_id].requests, c.worker_id))
+            return sorted(candidates, key=lambda c: (loads[c.worker_id].requests, loads[c.worker_id].active_blocks,
+                                                     c.worker_id))
         if self.mode == "round-robin":
             start = self._next % len(candidates)
             self._next += 1
             return candidates[start:] + candidates[:start]
-        if self.mode == "random":
-            shuffled = list(candidates)
-            self._rng.shuffle(shuffled)
-            return shuffled
-        raise ValueError(f"unknown routing mode {self.mode!r}")
+        shuffled = list(candidates)
+        self._rng.shuffle(shuffled)
+        return shuffled
+
+    def _sample(self, ranked: list[Candidate]) -> Candidate:
+        """Softmax over costs normalised to [0, 1]: lower cost, higher probability."""
+        low, high = ranked[0].cost, ranked[-1].cost
+        span = (high - low) or 1.0
+        weights = [math.exp(-(c.cost - low) / span / self.temperature) for c in ranked]
+        return self._rng.choices(ranked, weights=weights, k=1)[0]
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

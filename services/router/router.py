@@ -1,15 +1,18 @@
-"""The router's domain core: the KV index, the live workers, and placement decisions."""
+"""The router's domain core: the KV index, the live workers, and placement decisions.
+
+Shared by the router process and the trace-replay simulator (``services/router/sim``): neither gRPC nor
+NATS is imported here.
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.block_hash import sequence_hashes
 from services.router.index import KvEvent, KvIndex
 from services.router.policy import Candidate, PlacementPolicy, blocks_for
-from services.router.registry import WorkerEndpoint, WorkerRegistry
+from services.router.registry import WorkerEndpoint, WorkerLoad, WorkerRegistry
 
 
 @dataclass(frozen=True)
@@ -18,18 +21,62 @@ class Placement:
 
     candidates: list[Candidate]
     request_blocks: int
+    decode_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """When a worker counts as saturated (both limits off: never, so nothing ever queues)."""
+
+    max_requests: int = 0          # requests this router has in flight on the worker (0: no limit)
+    kv_fraction: float = 0.0       # share of its KV blocks those requests occupy (0: no limit)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_requests > 0 or self.kv_fraction > 0
+
+
+class InFlight:
+    """One request's share of a worker's load while it runs there (release it exactly once)."""
+
+    def __init__(self, load: WorkerLoad, blocks: int, prefill_blocks: int) -> None:
+        self._load = load
+        self._blocks = blocks
+        self._prefill = prefill_blocks
+        load.requests += 1
+        load.active_blocks += blocks
+        load.prefill_blocks += prefill_blocks
+        self._done = False
+
+    def prefill_done(self) -> None:
+        """The worker sent its first frame: this request no longer adds prefill work."""
+        self._load.prefill_blocks -= self._prefill
+        self._prefill = 0
+
+    def release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._load.requests -= 1
+        self._load.active_blocks -= self._blocks
+        self._load.prefill_blocks -= self._prefill
 
 
 class Router:
     """Keeps the KV index current and ranks workers for each request."""
 
-    def __init__(self, index: KvIndex, registry: WorkerRegistry, policy: PlacementPolicy) -> None:
+    def __init__(
+        self, index: KvIndex, registry: WorkerRegistry, policy: PlacementPolicy,
+        saturation: Saturation | None = None,
+    ) -> None:
         self.index = index
         self.registry = registry
         self.policy = policy
+        self.saturation = saturation or Saturation()
 
-    def on_kv_events(self, worker_id: str, events: Sequence[KvEvent]) -> None:
-        self.index.apply(worker_id, events)
+    def on_kv_events(self, worker_id: str, events: Sequence[KvEvent]) -> bool:
+        """Apply events; True when the worker's stream has a gap to repair."""
+        return self.index.apply(worker_id, events)
 
     def on_heartbeat(self, endpoint: WorkerEndpoint) -> bool:
         return self.registry.heartbeat(endpoint)
@@ -44,31 +91,52 @@ class Router:
             self.index.remove_worker(ep.worker_id)
         return gone
 
-    def place(self, token_ids: Sequence[int], cache_salt: str = "", exclude: frozenset[str] = frozenset()) -> Placement:
-        """Rank every live worker for a prompt."""
+    def place(
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str = "",
+        exclude: frozenset[str] = frozenset(),
+        *,
+        osl: int = 0,
+        prefer: str = "",
+    ) -> Placement:
+        """Rank every live worker for a prompt; ``prefer`` (if live) goes first whatever its cost."""
         endpoints = [ep for ep in self.registry.endpoints() if ep.worker_id not in exclude]
         if not endpoints:
             return Placement([], 0)
         overlaps: dict[str, int] = {}
-        request_blocks = 0
+        request_blocks = decode_blocks = 0
         for block_size in sorted({ep.block_size for ep in endpoints}):
             group = [ep.worker_id for ep in endpoints if ep.block_size == block_size]
-            hashes = sequence_hashes(token_ids, block_size, cache_salt)
-            overlaps.update(self.index.overlaps(hashes, group))
+            if self.policy.mode == "kv" or prefer:
+                overlaps.update(self.index.overlaps(sequence_hashes(token_ids, block_size, cache_salt), group))
+            else:
+                overlaps.update(dict.fromkeys(group, 0))
             request_blocks = max(request_blocks, blocks_for(len(token_ids), block_size))
+            decode_blocks = max(decode_blocks, blocks_for(max(osl, 0), block_size))
         loads = {wid: self.registry.load(wid) for wid in overlaps}
-        return Placement(self.policy.rank(request_blocks, overlaps, loads), request_blocks)
+        ranked = self.policy.rank(request_blocks, overlaps, loads, decode_blocks)
+        if prefer:
+            ranked.sort(key=lambda c: c.worker_id != prefer)
+        return Placement(ranked, request_blocks, decode_blocks)
 
-    @contextlib.contextmanager
-    def in_flight(self, worker_id: str, blocks: int, new_blocks: int) -> Iterator[None]:
+    def begin(self, worker_id: str, placement: Placement, candidate: Candidate) -> InFlight:
         """Count a request against a worker's load while it runs there."""
+        return InFlight(self.registry.load(worker_id), placement.request_blocks + placement.decode_blocks,
+                        candidate.new_blocks)
+
+    def saturated(self, worker_id: str) -> bool:
+        sat = self.saturation
         load = self.registry.load(worker_id)
-        load.requests += 1
-        load.active_blocks += blocks
-        load.prefill_blocks += new_blocks
-        try:
-            yield
-        finally:
-            load.requests -= 1
-            load.active_blocks -= blocks
-            load.prefill_blocks -= new_blocks
+        if sat.max_requests > 0 and load.requests >= sat.max_requests:
+            return True
+        endpoint = self.registry.get(worker_id)
+        return (sat.kv_fraction > 0 and endpoint is not None
+                and load.active_blocks >= sat.kv_fraction * endpoint.total_blocks)
+
+    def all_saturated(self) -> bool:
+        """True when queueing applies and every live worker is saturated (no workers: not saturated)."""
+        if not self.saturation.enabled:
+            return False
+        endpoints = self.registry.endpoints()
+        return bool(endpoints) and all(self.saturated(ep.worker_id) for ep in endpoints)

@@ -1,53 +1,95 @@
-"""Composition root of the router process."""
+"""Composition root of the router process.
+
+On start the router subscribes to its namespace and asks every worker to heartbeat; each worker that
+answers is dumped over gRPC (``KvRecovery.Dump``) so a restarted router routes as well as before
+within a heartbeat round-trip. Any number of routers can run side by side, each with its own index.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import nats
 import structlog
+from nats.aio.client import Client as NatsClient
+from opentelemetry import trace
 
 from services.api import router_pb2_grpc
 from services.common.grpc_util import GrpcServer
 from services.common.tracing import Tracing
+from services.router.admission import AdmissionQueue
 from services.router.events import WorkerEventsConsumer
 from services.router.index import KvIndex
 from services.router.policy import PlacementPolicy
+from services.router.recovery import KvRecoverer
 from services.router.registry import WorkerEndpoint, WorkerRegistry
-from services.router.router import Router
-from services.router.service import RouterServicer, WorkerChannels
+from services.router.router import Router, Saturation
+from services.router.service import ProxyLimits, RouterServicer
 from services.router.settings import RouterSettings
+from services.router.worker_client import GrpcRecoverySource, WorkerChannels
 
 log = structlog.get_logger()
 
 
-async def serve(settings: RouterSettings, stop: asyncio.Event) -> None:
-    tracing = Tracing("harnessmesh-router")
+@dataclass
+class RunningRouter:
+    """A started router (in-process use: tests, benchmarks); :meth:`stop` shuts it down."""
+
+    address: str
+    router: Router
+    recoverer: KvRecoverer
+    server: GrpcServer
+    consumer: WorkerEventsConsumer
+    channels: WorkerChannels
+    nc: NatsClient
+    tracing: Tracing | None
+
+    async def stop(self) -> None:
+        await self.server.stop(1.0)
+        await self.consumer.stop()
+        await self.channels.close_all()
+        await self.nc.drain()
+        log.info("router.stopped")
+
+
+async def start_router(settings: RouterSettings, tracing: Tracing | None = None) -> RunningRouter:
+    registry = WorkerRegistry(settings.worker_timeout)
+    index = KvIndex()
     router = Router(
-        KvIndex(),
-        WorkerRegistry(settings.worker_timeout),
-        PlacementPolicy(settings.router_mode, settings.overlap_weight),
+        index, registry,
+        PlacementPolicy(settings.router_mode, settings.overlap_weight, temperature=settings.router_temperature),
+        Saturation(settings.queue_max_requests, settings.queue_threshold),
     )
     channels = WorkerChannels(tracing)
+    recoverer = KvRecoverer(index, registry, GrpcRecoverySource(channels))
+    admission = AdmissionQueue(router.all_saturated)
+    limits = ProxyLimits(settings.max_retries, settings.migration_limit, settings.stall_timeout)
+    tracer = tracing.tracer if tracing is not None else trace.get_tracer("harnessmesh.router")
+    servicer = RouterServicer(router, channels, limits, tracer, admission)
     nc = await nats.connect(settings.nats_url, name="harnessmesh-router", max_reconnect_attempts=-1)
 
-    async def on_gone(endpoint: WorkerEndpoint) -> None:
-        await channels.close(endpoint.address)
+    async def on_gone(endpoint: WorkerEndpoint, expired: bool) -> None:
+        if expired:
+            servicer.worker_gone(endpoint.worker_id)
+        admission.pump()
 
-    consumer = WorkerEventsConsumer(nc, settings.namespace, router, on_gone)
+    consumer = WorkerEventsConsumer(nc, settings.namespace, router, recoverer, on_gone)
     server = GrpcServer(tracing, settings.host, settings.port)
-    router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(router, channels, settings.max_retries, tracing.tracer), server.server
-    )
+    router_pb2_grpc.add_RouterServicer_to_server(servicer, server.server)
     await consumer.start()
     await server.start()
     log.info("router.ready", address=server.address, mode=settings.router_mode)
+    return RunningRouter(server.address, router, recoverer, server, consumer, channels, nc, tracing)
+
+
+async def serve(settings: RouterSettings, stop: asyncio.Event) -> None:
+    tracing = Tracing("harnessmesh-router")
     try:
-        await stop.wait()
+        running = await start_router(settings, tracing)
+        try:
+            await stop.wait()
+        finally:
+            await running.stop()
     finally:
-        await server.stop()
-        await consumer.stop()
-        await channels.close_all()
-        await nc.drain()
         tracing.shutdown()
-        log.info("router.stopped")

@@ -20,13 +20,32 @@ class RouterSettings(CommonSettings):
                            shared=True)
     router_mode: str = option("kv", "Placement policy.", choices=ROUTING_MODES, shared=True)
     overlap_weight: float = option(1.0, "Cost weight of prefill blocks a worker would have to compute.")
+    router_temperature: float = option(
+        0.0, "Softmax temperature of kv placement (0: always the cheapest worker).")
     worker_timeout: float = option(5.0, "Seconds without a heartbeat after which a worker is forgotten.")
     max_retries: int = option(2, "Other workers to try when a worker fails before its first token.")
+    migration_limit: int = option(
+        3, "Times a request moves to another worker after its first token when its worker fails (0: never).")
+    stall_timeout: float = option(
+        30.0, "Seconds a worker may go without sending a frame of a running request before it counts as failed.")
+    queue_max_requests: int = option(
+        0, "A worker is saturated with this many requests in flight from this router (0: no limit).")
+    queue_threshold: float = option(
+        0.0, "A worker is saturated when this share of its KV blocks is in use by this router's requests (0: off). "
+             "While every worker is saturated, requests wait in a queue ordered by priority, then arrival.")
 
     def validate(self) -> None:
         if self.overlap_weight < 0:
             raise ValueError("--overlap-weight must be >= 0")
+        if self.router_temperature < 0:
+            raise ValueError("--router-temperature must be >= 0")
         if self.worker_timeout <= 0:
             raise ValueError("--worker-timeout must be > 0")
         if self.max_retries < 0:
             raise ValueError("--max-retries must be >= 0")
+        if self.migration_limit < 0:
+            raise ValueError("--migration-limit must be >= 0")
+        if self.stall_timeout <= 0:
+            raise ValueError("--stall-timeout must be > 0")
+        if self.queue_max_requests < 0 or not 0 <= self.queue_threshold <= 1:
+            raise ValueError("--queue-max-requests must be >= 0 and --queue-threshold in [0, 1]")

@@ -2,8 +2,11 @@
 
 * KV events: every batch drained from ``engine.kv_events()`` becomes one ``KvEventBatch`` on
   ``harnessmesh.NS.kv.WORKER_ID``. Event ids are consecutive per worker (assigned by the engine).
-  The last ``buffer_size`` published events are kept in :attr:`KvPublisher.recent` for replay.
-* Heartbeats: a ``WorkerHeartbeat`` on start, every ``interval`` seconds, at once in answer to any
+  The last ``buffer_size`` published events are kept in :attr:`KvPublisher.recent` for replay, and the
+  set of cached blocks they describe in :attr:`KvPublisher.blocks` for dumps (``kv_recovery.py``), so
+  recovery works the same for every engine.
+* Heartbeats (carrying the id of the last published event, so a router notices a lost final event): a
+  ``WorkerHeartbeat`` on start, every ``interval`` seconds, at once in answer to any
   message on the discover subject, and a final one with ``leaving=True`` from :meth:`leave`.
 """
 
@@ -20,7 +23,7 @@ import structlog
 from services.api import kv_pb2, worker_pb2
 from services.common import subjects
 from services.worker import convert
-from services.worker.engine import Engine, KvEvent
+from services.worker.engine import Engine, KvEvent, KvRemoved, KvStored
 
 log = structlog.get_logger()
 
@@ -45,6 +48,8 @@ class KvPublisher:
         self._namespace = namespace
         self._interval = interval
         self.recent: deque[kv_pb2.KvEvent] = deque(maxlen=buffer_size)
+        self.blocks: set[int] = set()
+        self.last_event_id = 0
         self.kv_subject = subjects.kv_events(namespace, self._worker_id)
         self._events = engine.kv_events()  # subscribe now so nothing emitted after this is lost
         self._tasks: list[asyncio.Task[None]] = []
@@ -61,6 +66,7 @@ class KvPublisher:
 
     async def heartbeat(self, leaving: bool = False) -> None:
         msg = convert.heartbeat_to_proto(self._worker_info(), self._engine.stats(), leaving)
+        msg.last_event_id = self.last_event_id
         await self._nc.publish(subjects.heartbeat(self._namespace), msg.SerializeToString())
 
     async def publish(self, events: list[KvEvent]) -> None:
@@ -69,7 +75,26 @@ class KvPublisher:
             return
         batch = convert.events_to_proto(self._worker_id, events)
         self.recent.extend(batch.events)
+        self._track(events)
         await self._nc.publish(self.kv_subject, batch.SerializeToString())
+
+    def _track(self, events: list[KvEvent]) -> None:
+        for event in events:
+            if isinstance(event, KvStored):
+                self.blocks.update(b.block_hash for b in event.blocks)
+            elif isinstance(event, KvRemoved):
+                self.blocks.difference_update(event.block_hashes)
+            else:
+                self.blocks.clear()
+            self.last_event_id = event.event_id
+
+    def replay(self, from_event_id: int) -> list[kv_pb2.KvEvent] | None:
+        """Published events from ``from_event_id`` on; None when the ring buffer no longer reaches back."""
+        if from_event_id > self.last_event_id:
+            return []
+        if not self.recent or self.recent[0].event_id > from_event_id:
+            return None
+        return [e for e in self.recent if e.event_id >= from_event_id]
 
     async def leave(self) -> None:
         """Stop heartbeating and announce ``leaving=True`` (the router forgets this worker)."""

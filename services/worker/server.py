@@ -18,13 +18,14 @@ import nats
 import structlog
 from nats.aio.client import Client as NatsClient
 
-from services.api import worker_pb2, worker_pb2_grpc
+from services.api import kv_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common.grpc_util import GrpcServer
 from services.common.model_dir import load_model_dir
 from services.common.tracing import Tracing
 from services.worker import convert
 from services.worker.engine import Engine
 from services.worker.kv_publisher import KvPublisher
+from services.worker.kv_recovery import KvRecoveryServicer
 from services.worker.registry import build_engine
 from services.worker.service import WorkerServicer
 from services.worker.settings import WorkerSettings
@@ -78,6 +79,7 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
         await engine.start()
         publisher = KvPublisher(nc, engine, info, namespace=settings.namespace,
                                 interval=settings.heartbeat_interval, buffer_size=settings.event_buffer)
+        kv_pb2_grpc.add_KvRecoveryServicer_to_server(KvRecoveryServicer(worker_id, publisher), server.server)
         await server.start()
         await publisher.start()
     except BaseException:

@@ -8,7 +8,7 @@ from services.common.block_hash import sequence_hashes
 from services.router.index import KvIndex, StoredEvent
 from services.router.policy import PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerLoad, WorkerRegistry
-from services.router.router import Router
+from services.router.router import InFlight, Router
 
 
 def make_router(mode: str = "kv", workers: tuple[str, ...] = ("w1", "w2")) -> Router:
@@ -33,15 +33,17 @@ def test_kv_mode_weighs_load_against_overlap() -> None:
     prompt = list(range(160))
     router.on_kv_events("w2", [StoredEvent(1, tuple(sequence_hashes(prompt, 16)[:2]))])
     # w2 saves 2 blocks of prefill but already has 50 blocks of KV in use: w1 is cheaper.
-    with router.in_flight("w2", blocks=50, new_blocks=0):
-        assert router.place(prompt).candidates[0].worker_id == "w1"
+    held = InFlight(router.registry.load("w2"), blocks=50, prefill_blocks=0)
+    assert router.place(prompt).candidates[0].worker_id == "w1"
+    held.release()
     assert router.place(prompt).candidates[0].worker_id == "w2"
 
 
 def test_ties_go_to_fewer_requests_in_flight() -> None:
     router = make_router()
-    with router.in_flight("w1", blocks=0, new_blocks=0):
-        assert router.place(list(range(32))).candidates[0].worker_id == "w2"
+    held = InFlight(router.registry.load("w1"), blocks=0, prefill_blocks=0)
+    assert router.place(list(range(32))).candidates[0].worker_id == "w2"
+    held.release()
 
 
 def test_round_robin_rotates() -> None:
@@ -52,8 +54,9 @@ def test_round_robin_rotates() -> None:
 
 def test_least_loaded() -> None:
     router = make_router("least-loaded", ("a", "b"))
-    with router.in_flight("a", 1, 1):
-        assert router.place([1] * 16).candidates[0].worker_id == "b"
+    held = InFlight(router.registry.load("a"), 1, 1)
+    assert router.place([1] * 16).candidates[0].worker_id == "b"
+    held.release()
 
 
 def test_exclusion_and_empty() -> None:

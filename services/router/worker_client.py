@@ -1,0 +1,58 @@
+"""gRPC side of the router's worker connections: channels, and the KvRecovery client."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from services.api import kv_pb2, kv_pb2_grpc, worker_pb2_grpc
+from services.common.grpc_util import open_channel
+from services.common.tracing import Tracing
+from services.router import convert
+from services.router.index import KvEvent
+from services.router.registry import WorkerEndpoint
+
+
+class WorkerChannels:
+    """One gRPC channel per worker address, opened on first use."""
+
+    def __init__(self, tracing: Tracing | None) -> None:
+        self._tracing = tracing
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = open_channel(address, self._tracing)
+        return channel
+
+    def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
+        return worker_pb2_grpc.WorkerStub(self.channel(address))
+
+    async def close(self, address: str) -> None:
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            await channel.close()
+
+    async def close_all(self) -> None:
+        for address in list(self._channels):
+            await self.close(address)
+
+
+class GrpcRecoverySource:
+    """:class:`services.router.recovery.RecoverySource` over the workers' ``KvRecovery`` service."""
+
+    def __init__(self, channels: WorkerChannels, timeout: float = 5.0) -> None:
+        self._channels = channels
+        self._timeout = timeout
+
+    async def replay(self, endpoint: WorkerEndpoint, from_event_id: int) -> Sequence[KvEvent] | None:
+        stub = kv_pb2_grpc.KvRecoveryStub(self._channels.channel(endpoint.address))
+        reply = await stub.Replay(kv_pb2.KvReplayRequest(from_event_id=from_event_id), timeout=self._timeout)
+        return convert.kv_events(reply.batch) if reply.complete else None
+
+    async def dump(self, endpoint: WorkerEndpoint) -> tuple[int, Sequence[int]]:
+        stub = kv_pb2_grpc.KvRecoveryStub(self._channels.channel(endpoint.address))
+        reply = await stub.Dump(kv_pb2.KvDumpRequest(), timeout=self._timeout)
+        return reply.last_event_id, list(reply.block_hashes)
