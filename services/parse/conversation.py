@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import InvalidRequestError
+from services.parse.replay import TRUNCATE_KWARG, ReplayPolicy
 
 BILLING_HEADER = re.compile(r"^x-anthropic-billing-header:.*(?:\n|$)", re.MULTILINE)
 _NOISY_ROLES = ("system", "developer", "user")
@@ -93,14 +94,20 @@ def strip_billing_header(text: str) -> str:
     return BILLING_HEADER.sub("", text) if "x-anthropic-billing-header:" in text else text
 
 
-def to_template_input(conversation: Conversation, *, strip_billing: bool = True) -> TemplateInput:
-    """Translate ``conversation`` into chat-template inputs; bad JSON raises InvalidRequestError naming the field."""
+def to_template_input(
+    conversation: Conversation,
+    *,
+    strip_billing: bool = True,
+    arguments_as_text: bool = False,
+    replay: ReplayPolicy = ReplayPolicy(),  # noqa: B008 - frozen, shared default
+) -> TemplateInput:
+    """Translate ``conversation`` into chat-template inputs; bad JSON raises InvalidRequestError naming the field.
+
+    ``arguments_as_text`` hands tool-call arguments over as the JSON text the model wrote (DeepSeek's
+    templates concatenate them) instead of a mapping; ``replay`` says what happens to reasoning.
+    """
     if not conversation.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
-    messages = [
-        _message_dict(m, strip_billing=strip_billing and m.role in _NOISY_ROLES) for m in conversation.messages
-    ]
-    tools = [_tool_dict(i, t) for i, t in enumerate(conversation.tools)] or None
     kwargs: dict[str, Any] = {}
     if conversation.template_kwargs_json.strip():
         parsed = _parse_json(conversation.template_kwargs_json, "chat_template_kwargs_json")
@@ -108,6 +115,19 @@ def to_template_input(conversation: Conversation, *, strip_billing: bool = True)
             raise InvalidRequestError("chat_template_kwargs_json must be a JSON object",
                                       param="chat_template_kwargs_json")
         kwargs = parsed
+    truncate = replay.truncate(kwargs)
+    if replay.keep_history and TRUNCATE_KWARG not in kwargs:
+        kwargs[TRUNCATE_KWARG] = False
+    last_user = max((i for i, m in enumerate(conversation.messages) if m.role == "user"), default=-1)
+    messages = [
+        _message_dict(
+            _replayed(m, replay, drop_reasoning=truncate and i < last_user),
+            strip_billing=strip_billing and m.role in _NOISY_ROLES,
+            arguments_as_text=arguments_as_text,
+        )
+        for i, m in enumerate(conversation.messages)
+    ]
+    tools = [_tool_dict(i, t) for i, t in enumerate(conversation.tools)] or None
     return TemplateInput(
         messages=messages,
         tools=tools,
@@ -125,7 +145,22 @@ def match_text(conversation: Conversation) -> str:
     return ""
 
 
-def _message_dict(message: ChatMessage, *, strip_billing: bool) -> dict[str, Any]:
+def _replayed(message: ChatMessage, replay: ReplayPolicy, *, drop_reasoning: bool) -> ChatMessage:
+    """``message`` with its reasoning as the policy wants it (``pass`` leaves it to the template)."""
+    if message.role != "assistant" or replay.mode == "pass":
+        return message
+    if not any(isinstance(p, ReasoningPart) for p in message.parts):
+        return message
+    parts: list[Part] = []
+    for part in message.parts:
+        if not isinstance(part, ReasoningPart):
+            parts.append(part)
+        elif replay.mode == "reinsert" and not drop_reasoning:
+            parts.append(TextPart(replay.open + part.text + replay.close))
+    return ChatMessage(message.role, tuple(parts), message.tool_call_id, message.name, message.is_error)
+
+
+def _message_dict(message: ChatMessage, *, strip_billing: bool, arguments_as_text: bool = False) -> dict[str, Any]:
     texts = [p.text for p in message.parts if isinstance(p, TextPart)]
     if strip_billing:
         stripped = [strip_billing_header(t) for t in texts]
@@ -142,7 +177,10 @@ def _message_dict(message: ChatMessage, *, strip_billing: bool) -> dict[str, Any
             _drop_none({
                 "id": c.id or None,
                 "type": "function",
-                "function": {"name": c.name, "arguments": _arguments(c.arguments_json)},
+                "function": {
+                    "name": c.name,
+                    "arguments": (c.arguments_json or "{}") if arguments_as_text else _arguments(c.arguments_json),
+                },
             })
             for c in calls
         ]

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from services.common.errors import ContextLengthError
 from services.common.model_dir import ModelDir
 from services.parse.conversation import Conversation, match_text, to_template_input
-from services.parse.parsers.pipeline import IncrementalDetokenizer, OutputPipeline
-from services.parse.parsers.registry import reasoning_parser_factory, tool_parser_factory
-from services.parse.parsers.tool_calls import new_tool_call_id
+from services.parse.parsers.pipeline import IncrementalDetokenizer, MarkerIds, OutputPipeline
+from services.parse.parsers.registry import (
+    REASONING_MARKERS,
+    TOOL_MARKERS,
+    reasoning_parser_factory,
+    replay_markers,
+    tool_parser_factory,
+)
+from services.parse.parsers.tool_core import ParserContext, new_tool_call_id
 from services.parse.renderer import ChatTemplateRenderer, Clock
+from services.parse.replay import ReplayPolicy
 
 
 @dataclass(frozen=True)
@@ -21,12 +30,14 @@ class Prompt:
     text: str
     token_ids: list[int]
     match_text: str
+    schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class ModelFormat:
     """Rendering, tokenization and output parsing of one model (built once at start, shared by requests).
 
-    Unknown parser names raise ``UnknownParserError`` here, at construction.
+    Unknown parser names raise ``UnknownParserError`` here, at construction. ``reasoning_replay`` is
+    the replay policy (see ``replay.py``); with a reasoning parser, history reasoning is kept by default.
     """
 
     def __init__(
@@ -38,6 +49,7 @@ class ModelFormat:
         reasoning_parser: str = "",
         tool_parser: str = "",
         strip_billing_header: bool = True,
+        reasoning_replay: str = "auto",
         now: Clock | None = None,
         new_call_id: Callable[[], str] = new_tool_call_id,
     ) -> None:
@@ -51,20 +63,30 @@ class ModelFormat:
         self._reasoning = reasoning_parser_factory(reasoning_parser) if reasoning_parser else None
         self._tools = tool_parser_factory(tool_parser) if tool_parser else None
         self._new_call_id = new_call_id
+        self.markers = MarkerIds(
+            model_dir.tokenizer, (*REASONING_MARKERS.get(reasoning_parser, ()), *TOOL_MARKERS.get(tool_parser, ()))
+        )
         if now is None:
             self.renderer = ChatTemplateRenderer(model_dir.chat_template, model_dir.special_tokens)
         else:
             self.renderer = ChatTemplateRenderer(model_dir.chat_template, model_dir.special_tokens, now)
+        self.replay = ReplayPolicy.for_template(
+            model_dir.chat_template, reasoning_replay,
+            markers=replay_markers(reasoning_parser), keep_history=bool(reasoning_parser),
+        )
 
     def render(self, conversation: Conversation) -> str:
         strip = conversation.strip_billing_header
-        return self.renderer.render(
-            to_template_input(conversation, strip_billing=self._strip_billing if strip is None else strip))
+        return self.renderer.render(to_template_input(
+            conversation, strip_billing=self._strip_billing if strip is None else strip,
+            arguments_as_text=self.renderer.arguments_as_text, replay=self.replay,
+        ))
 
     def build_prompt(self, conversation: Conversation) -> Prompt:
         """Render and tokenize like ``apply_chat_template(tokenize=True)``: no extra special tokens."""
         text = self.render(conversation)
-        return Prompt(text=text, token_ids=self.encode(text), match_text=match_text(conversation))
+        return Prompt(text=text, token_ids=self.encode(text), match_text=match_text(conversation),
+                      schemas=_schemas(conversation))
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         return list(self.model_dir.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
@@ -81,10 +103,27 @@ class ModelFormat:
                 param="messages",
             )
 
-    def output_pipeline(self, prompt_text: str) -> OutputPipeline:
+    def output_pipeline(
+        self, prompt_text: str, schemas: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> OutputPipeline:
         """A fresh pipeline for one stream (the prompt decides whether it starts inside reasoning)."""
+        ctx = ParserContext(prompt_text, self._new_call_id, schemas or {}, self.markers.marker)
         return OutputPipeline(
-            IncrementalDetokenizer(self.model_dir.tokenizer, self.stop_token_ids),
-            self._reasoning(prompt_text) if self._reasoning else None,
-            self._tools(self._new_call_id) if self._tools else None,
+            IncrementalDetokenizer(self.model_dir.tokenizer, self.stop_token_ids, self.markers),
+            self._reasoning(ctx) if self._reasoning else None,
+            self._tools(ctx) if self._tools else None,
+            self.markers,
         )
+
+
+def _schemas(conversation: Conversation) -> dict[str, Mapping[str, Any]]:
+    """Tool name -> parameters JSON Schema (for typing XML-style parameter values); bad JSON is skipped."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for tool in conversation.tools:
+        try:
+            schema = json.loads(tool.parameters_json) if tool.parameters_json.strip() else {}
+        except json.JSONDecodeError:
+            continue
+        if isinstance(schema, dict):
+            out[tool.name] = schema
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, cast
@@ -21,6 +22,19 @@ RESERVED_KWARGS = frozenset({
     "continue_final_message", "return_assistant_tokens_mask",
 })
 
+# A template that concatenates ``...['arguments']`` with ``+``/``~`` (DeepSeek's) needs the arguments as
+# JSON text: a mapping there raises TypeError. Every other template takes a mapping (the HF convention).
+_TEXT_ARGUMENTS = re.compile(
+    r"""(?:\+|~)\s*[\w.]+(?:\[['"]\w+['"]\])*(?:\[['"]arguments['"]\]|\.arguments)\s*(?:\+|~)"""
+    r"""|(?:\[['"]arguments['"]\]|\.arguments)\s*(?:\+|~)"""
+)
+
+
+def wants_text_arguments(template: str) -> bool:
+    """True when ``template`` concatenates tool-call arguments as text (see ``_TEXT_ARGUMENTS``)."""
+    return _TEXT_ARGUMENTS.search(template) is not None
+
+
 _clock: contextvars.ContextVar[Clock] = contextvars.ContextVar("harnessmesh_template_clock", default=datetime.now)
 
 
@@ -35,13 +49,15 @@ class ChatTemplateRenderer:
     the template's ``strftime_now``. transformers turns every render kwarg into plain JSON data, so a
     callable cannot be passed that way; instead the compiled template's own globals layer (shared by
     every render of that template) gets a ``strftime_now`` that reads a context variable, which each
-    render sets to its renderer's clock.
+    render sets to its renderer's clock. ``arguments_as_text`` tells whether the template wants tool-call
+    arguments as JSON text (DeepSeek) rather than a mapping; ``to_template_input`` prepares them so.
     """
 
     def __init__(self, template: str, special_tokens: Mapping[str, str], now: Clock = datetime.now) -> None:
         self._template = template
         self._special = dict(special_tokens)
         self._now = now
+        self.arguments_as_text = wants_text_arguments(template)
         self._compiled()  # fail fast on a template that does not compile
 
     def _compiled(self) -> Any:

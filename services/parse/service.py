@@ -54,7 +54,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         generate = convert.generate_request(
             request, prompt, request_id=request_id, model=model, stop_token_ids=self._format.stop_token_ids
         )
-        pipeline = self._format.output_pipeline(prompt.text)
+        pipeline = self._format.output_pipeline(prompt.text, prompt.schemas)
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
             tracker = _SpanEvents(span)
             call = self._router.Generate(generate)

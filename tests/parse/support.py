@@ -34,7 +34,7 @@ def conversation_from_openai(conv: dict[str, Any], kwargs: dict[str, Any] | None
         for call in m.get("tool_calls") or []:
             fn = call.get("function", call)
             args = fn["arguments"]
-            text = args if isinstance(args, str) else json.dumps(args)
+            text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
             parts.append(ToolCallPart(call.get("id", ""), fn["name"], text))
         messages.append(
             ChatMessage(m["role"], tuple(parts), tool_call_id=m.get("tool_call_id", ""), name=m.get("name", ""))

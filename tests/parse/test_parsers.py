@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Sequence
@@ -18,16 +19,17 @@ from services.parse.parsers.events import (
     ToolCallStart,
     merge_deltas,
 )
-from services.parse.parsers.pipeline import IncrementalDetokenizer, OutputPipeline
-from services.parse.parsers.reasoning import qwen3_reasoning_parser
+from services.parse.parsers.pipeline import IncrementalDetokenizer, MarkerIds, OutputPipeline
 from services.parse.parsers.registry import (
+    REASONING_MARKERS,
     REASONING_PARSERS,
+    TOOL_MARKERS,
     TOOL_PARSERS,
     UnknownParserError,
     reasoning_parser_factory,
     tool_parser_factory,
 )
-from services.parse.parsers.tool_calls import hermes_tool_parser, new_tool_call_id
+from services.parse.parsers.tool_core import ParserContext, new_tool_call_id
 
 DEMO = load_model_dir(None)
 R, T = ReasoningDelta, TextDelta
@@ -59,29 +61,33 @@ CASES: list[tuple[str, str, str, list[Event]]] = [
      [T("Sure."), *call(0, "a", '{"x": 1}'), *call(1, "b", "{}")]),
     ("separators_after_calls_dropped_but_text_kept", "", tc("a", "{}") + "\n\n", call(0, "a", "{}")),
     ("plain_text_keeps_trailing_space", "", "Done. \n", [T("Done. \n")]),
-    ("space_kept_before_broken_call", "", "ok <tool_call>\nnot json\n</tool_call>",
-     [T("ok <tool_call>\nnot json\n</tool_call>")]),
+    ("broken_call_is_text_without_markers", "", "ok <tool_call>\nnot json\n</tool_call>", [T("ok not json\n")]),
     ("interleaved_reasoning", "",
      "<think>\nfirst\n</think>\n\n" + tc("a", '{"k": [1, 2]}') + "<think>\nsecond\n</think>\n\n" + tc("b", '"s"'),
      [R("first"), *call(0, "a", '{"k": [1, 2]}'), R("second"), *call(1, "b", '"s"')]),
     ("scalar_arguments", "", tc("f", "12") + "done", [*call(0, "f", "12"), T("done")]),
-    ("malformed_is_text", "", "<tool_call>\nnot json\n</tool_call>after",
-     [T("<tool_call>\nnot json\n</tool_call>after")]),
+    ("malformed_is_text", "", "<tool_call>\nnot json\n</tool_call>after", [T("not json\nafter")]),
     ("keys_reordered_whole_body", "", '<tool_call>\n{"arguments": {"q": "x"}, "name": "search"}\n</tool_call>',
      call(0, "search", '{"q": "x"}')),
-    ("unterminated_header_is_text", "", 'ok <tool_call>\n{"name": "f", "argu',
-     [T('ok <tool_call>\n{"name": "f", "argu')]),
+    ("unterminated_header_is_text", "", 'ok <tool_call>\n{"name": "f", "argu', [T('ok {"name": "f", "argu')]),
     ("truncated_arguments_no_dispatch", "", '<tool_call>\n{"name": "f", "arguments": {"a": "lo',
      [ToolCallStart(0, "call_0", "f"), ToolCallArgumentsDelta(0, "call_0", '{"a": "lo')]),
 ]
 
 
-def pipeline(prompt: str) -> OutputPipeline:
+def counter_ids() -> ParserContext:
     ids = (f"call_{i}" for i in itertools.count())
+    return ParserContext(new_call_id=lambda: next(ids))
+
+
+def pipeline(prompt: str) -> OutputPipeline:
+    markers = MarkerIds(DEMO.tokenizer, REASONING_MARKERS["qwen3"] + TOOL_MARKERS["hermes"])
+    ctx = dataclasses.replace(counter_ids(), prompt=prompt, marker=markers.marker)
     return OutputPipeline(
-        IncrementalDetokenizer(DEMO.tokenizer, DEMO.eos_token_ids),
-        REASONING_PARSERS["qwen3"](prompt),
-        TOOL_PARSERS["hermes"](lambda: next(ids)),
+        IncrementalDetokenizer(DEMO.tokenizer, DEMO.eos_token_ids, markers),
+        REASONING_PARSERS["qwen3"](ctx),
+        TOOL_PARSERS["hermes"](ctx),
+        markers,
     )
 
 
@@ -95,8 +101,8 @@ def run_tokens(prompt: str, chunks: Sequence[Sequence[int]]) -> list[Event]:
 
 def run_text(prompt: str, pieces: Sequence[str]) -> list[Event]:
     """The parsers alone on text pieces (markers are single demo tokens, so this is what splits them)."""
-    ids = (f"call_{i}" for i in itertools.count())
-    reasoning, tools = qwen3_reasoning_parser(prompt), hermes_tool_parser(lambda: next(ids))
+    ctx = dataclasses.replace(counter_ids(), prompt=prompt)
+    reasoning, tools = REASONING_PARSERS["qwen3"](ctx), TOOL_PARSERS["hermes"](ctx)
     events: list[Event] = []
 
     def route(evs: list[Event]) -> None:
@@ -134,7 +140,7 @@ def test_case_whole_per_token_and_random_chunks(prompt: str, output: str, expect
 
 
 def test_arguments_stream_and_dispatch_before_the_call_closes() -> None:
-    parser = hermes_tool_parser(lambda: "call_x")
+    parser = TOOL_PARSERS["hermes"](ParserContext(new_call_id=lambda: "call_x"))
     text = tc("get_weather", W_ARGS)
     body_end = text.index(W_ARGS) + len(W_ARGS)
     per_char = [parser.feed(c) for c in text[:body_end]]
@@ -162,12 +168,31 @@ def test_tool_call_ids_are_openai_style() -> None:
 
 
 def test_registry_names_are_pinned() -> None:
-    assert set(REASONING_PARSERS) == {"qwen3"}
-    assert set(TOOL_PARSERS) == {"hermes"}
+    assert set(REASONING_PARSERS) == {
+        "basic", "qwen3", "deepseek_r1", "deepseek_v3", "deepseek_v3_1", "nemotron_deci", "nemotron_nano",
+        "nemotron3", "glm45", "kimi", "kimi_k25", "mistral", "granite", "minimax_m2", "minimax_append_think",
+        "gpt_oss", "step3",
+    }
+    assert set(TOOL_PARSERS) == {
+        "hermes", "qwen25", "qwen3_coder", "llama3_json", "mistral", "pythonic", "nemotron_deci", "phi4", "jamba",
+        "deepseek_v3", "deepseek_v3_1", "deepseek_v3_2", "kimi_k2", "glm45", "glm47", "minimax_m2", "harmony",
+        "default",
+    }
+    assert set(REASONING_MARKERS) == set(REASONING_PARSERS) and set(TOOL_MARKERS) == set(TOOL_PARSERS)
 
 
 def test_unknown_parser_name_lists_valid_names() -> None:
-    with pytest.raises(UnknownParserError, match="valid names: qwen3"):
+    with pytest.raises(UnknownParserError, match=r"valid names: basic, deepseek_r1, .*qwen3, step3"):
         reasoning_parser_factory("deepseek")
-    with pytest.raises(UnknownParserError, match="valid names: hermes"):
+    with pytest.raises(UnknownParserError, match=r"valid names: deepseek_v3, .*hermes, .*qwen3_coder"):
         tool_parser_factory("nope")
+
+
+def test_markers_are_matched_by_token_id_not_by_look_alike_text() -> None:
+    """``<think>`` is one token of the demo tokenizer: spelled out in pieces it is just text."""
+    think = DEMO.tokenizer.token_to_id("<think>")
+    spelled = [i for piece in ("<", "think", ">") for i in DEMO.tokenizer.encode(piece, add_special_tokens=False).ids]
+    assert think is not None and think not in spelled
+    rest = DEMO.tokenizer.encode("hi", add_special_tokens=False).ids
+    assert run_tokens("", [spelled + rest]) == [T("<think>hi")]
+    assert run_tokens("", [[think, *rest]]) == [R("hi")]

@@ -12,18 +12,18 @@ from services.parse.conversation import to_template_input
 from services.parse.renderer import ChatTemplateRenderer
 from tests.parse.support import FIXED_NOW, SHARED_TEMPLATES, conversation_from_openai
 
-# Every family whose references pass tool-call arguments as objects (DeepSeek's want JSON text).
-FAMILIES = (
-    "qwen3", "qwen3-coder", "llama-3.1", "glm-4.6", "llama-3.2", "gpt-oss", "kimi-k2-instruct", "minimax-m2",
-    "mistral-small-3.2", "nemotron-3-nano", "nemotron-nano-v2", "llama-nemotron-super-v1.5",
-)
+
+def families() -> list[str]:
+    """Every family with references (manifest.json lists them)."""
+    manifest = json.loads((SHARED_TEMPLATES / "manifest.json").read_text(encoding="utf-8"))
+    return sorted(manifest["families"])
 
 
 def _cases() -> list[Any]:
     if not SHARED_TEMPLATES.is_dir():
         return [pytest.param(None, None, marks=pytest.mark.skip(reason=f"{SHARED_TEMPLATES} is absent"))]
     cases = []
-    for family in FAMILIES:
+    for family in families():
         meta = json.loads((SHARED_TEMPLATES / family / "reference" / "meta.json").read_text())
         for record in meta["renders"]:
             cases.append(pytest.param(family, record, id=f"{family}-{record['conversation']}-{record['variant']}"))
@@ -36,9 +36,11 @@ def test_reference_render(family: str, record: dict[str, Any]) -> None:
     template = (fam_dir / "chat_template.jinja").read_text(encoding="utf-8")
     conversations = json.loads((SHARED_TEMPLATES / "conversations.json").read_text(encoding="utf-8"))
     conv = next(c for c in conversations["conversations"] if c["id"] == record["conversation"])
-    assert record["tool_call_arguments"] == "object"
     renderer = ChatTemplateRenderer(template, record["template_variables_from_special_tokens"], now=lambda: FIXED_NOW)
-    data = to_template_input(conversation_from_openai(conv, record["kwargs"]))
+    # The renderer finds out from the template itself which form of arguments it takes.
+    assert renderer.arguments_as_text == (record["tool_call_arguments"] == "json_string")
+    data = to_template_input(conversation_from_openai(conv, record["kwargs"]),
+                             arguments_as_text=renderer.arguments_as_text)
     if record["status"] == "error":
         with pytest.raises(InvalidRequestError) as info:
             renderer.render(data)

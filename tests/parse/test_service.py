@@ -36,6 +36,9 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
         async for frame in self.script(request, context):
             yield frame
 
+    async def ListWorkers(self, request: Any, context: Any) -> Any:
+        raise NotImplementedError
+
 
 def scripted(text: str, batch: int = 4, error_after: int | None = None, abort_after: int | None = None) -> Script:
     ids = [*DEMO.tokenizer.encode(text, add_special_tokens=False).ids, DEMO.eos_token_ids[0]]

@@ -11,7 +11,7 @@ from services.parse.parsers.events import Event
 class OutputParser(Protocol):
     """One instance per stream: ``feed`` each decoded delta, then ``finish`` once."""
 
-    def feed(self, text: str, token_ids: Sequence[int]) -> list[Event]: ...
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Event]: ...
 
     def finish(self) -> list[Event]: ...
 
@@ -28,3 +28,13 @@ def partial_marker_len(buffer: str, *markers: str) -> int:
                 best = size
                 break
     return best
+
+
+def find_first(buffer: str, markers: tuple[str, ...]) -> tuple[int, str]:
+    """Position and text of the earliest occurrence of any of ``markers`` in ``buffer``; (-1, "") if none."""
+    best, found = -1, ""
+    for marker in markers:
+        at = buffer.find(marker)
+        if at >= 0 and (best < 0 or at < best):
+            best, found = at, marker
+    return best, found

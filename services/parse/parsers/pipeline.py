@@ -2,24 +2,80 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import dataclasses
+from collections.abc import Collection, Iterable, Sequence
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from services.parse.parsers.base import OutputParser
-from services.parse.parsers.events import Event, TextDelta, ToolCallDispatch, merge_deltas
+from services.parse.parsers.events import (
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallDispatch,
+    ToolCallStart,
+    merge_deltas,
+)
+
+SENTINEL_BASE = 0xF0000  # Unicode plane 15 (private use): never produced by ordinary text
+
+
+class MarkerIds:
+    """Format markers the tokenizer has as single added tokens: matched by token id, never by look-alike text.
+
+    The detokenizer writes each such token as a one-character sentinel; parsers built with ``marker``
+    search for the sentinel; ``restore`` turns sentinels left in event text back into the marker text.
+    """
+
+    def __init__(self, tokenizer: Tokenizer | None = None, markers: Iterable[str] = ()) -> None:
+        self.by_id: dict[int, tuple[str, str]] = {}       # token id -> (marker text, sentinel)
+        self._sentinel: dict[str, str] = {}
+        added = {t.content for t in tokenizer.get_added_tokens_decoder().values()} if tokenizer else set()
+        for text in sorted(set(markers) & added):
+            token_id = tokenizer.token_to_id(text) if tokenizer else None
+            if token_id is None:
+                continue
+            sentinel = chr(SENTINEL_BASE + len(self._sentinel))
+            self._sentinel[text] = sentinel
+            self.by_id[token_id] = (text, sentinel)
+        self._restore = str.maketrans({s: m for m, s in self._sentinel.items()})
+
+    def marker(self, text: str) -> str:
+        """What the decoded stream carries for ``text``."""
+        return self._sentinel.get(text, text)
+
+    def restore(self, events: list[Event]) -> list[Event]:
+        if not self._sentinel:
+            return events
+        table = self._restore
+        out: list[Event] = []
+        for e in events:
+            if isinstance(e, ReasoningDelta | TextDelta):
+                e = dataclasses.replace(e, text=e.text.translate(table))
+            elif isinstance(e, ToolCallArgumentsDelta):
+                e = dataclasses.replace(e, delta=e.delta.translate(table))
+            elif isinstance(e, ToolCallDispatch):
+                e = dataclasses.replace(e, arguments_json=e.arguments_json.translate(table),
+                                        name=e.name.translate(table))
+            elif isinstance(e, ToolCallStart):
+                e = dataclasses.replace(e, name=e.name.translate(table))
+            out.append(e)
+        return out
 
 
 class IncrementalDetokenizer:
     """Decodes a token stream piece by piece; multi-byte characters split across tokens come out whole.
 
-    Special tokens are kept (format markers must stay visible) except ``hidden_ids`` (end of turn).
+    Special tokens are kept (format markers must stay visible) except ``hidden_ids`` (end of turn);
+    marker tokens in ``markers`` come out as their sentinels.
     """
 
-    def __init__(self, tokenizer: Tokenizer, hidden_ids: Collection[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, hidden_ids: Collection[int] = (), markers: MarkerIds | None = None):
         self._tokenizer = tokenizer
         self._hidden = frozenset(hidden_ids)
+        self._markers = markers.by_id if markers else {}
         self._stream = DecodeStream(skip_special_tokens=False)
 
     def feed(self, token_ids: Sequence[int]) -> str:
@@ -28,6 +84,9 @@ class IncrementalDetokenizer:
             if token_id in self._hidden:
                 continue
             piece = self._stream.step(self._tokenizer, token_id)
+            marker = self._markers.get(token_id)
+            if marker is not None:
+                piece = (piece or "").removesuffix(marker[0]) + marker[1]
             if piece:
                 pieces.append(piece)
         return "".join(pieces)
@@ -44,8 +103,10 @@ class OutputPipeline:
         detokenizer: IncrementalDetokenizer,
         reasoning: OutputParser | None = None,
         tools: OutputParser | None = None,
+        markers: MarkerIds | None = None,
     ) -> None:
         self._detokenizer = detokenizer
+        self._markers = markers or MarkerIds()
         self._reasoning = reasoning
         self._tools = tools
         self.tool_calls = 0
@@ -71,4 +132,4 @@ class OutputPipeline:
         if final and self._tools is not None:
             out.extend(self._tools.finish())
         self.tool_calls += sum(isinstance(e, ToolCallDispatch) for e in out)
-        return merge_deltas(out)
+        return self._markers.restore(merge_deltas(out))

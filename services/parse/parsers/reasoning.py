@@ -1,47 +1,109 @@
-"""Reasoning blocks delimited by start/end markers (Qwen3's ``<think>...</think>``), as a small state machine."""
+"""Reasoning blocks delimited by markers, as one small state machine driven by a table of formats.
+
+Every marker-delimited family (``<think>``, ``[THINK]``, ``◁think▷``, Granite's phrases) is a
+``ReasoningFormat`` row in ``REASONING_FORMATS``; ``TaggedReasoningParser`` runs any of them. Harmony
+(gpt-oss) has channels instead of markers and lives in ``harmony.py``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.parse.parsers.base import partial_marker_len
+from services.parse.parsers.base import find_first, partial_marker_len
 from services.parse.parsers.events import Event, ReasoningDelta, TextDelta
 
 
 @dataclass(frozen=True)
 class ReasoningFormat:
-    """A model family's reasoning markers, as data."""
+    """A model family's reasoning markers, as data.
 
-    start: str
-    end: str
-    separator: str = "\n\n"       # what the model writes after ``end``; not part of the answer
+    ``inner``: whitespace the template writes right after the opener and right before the closer (not
+    reasoning). ``separator``: what the template writes after the closer (not answer text). ``forced``:
+    the model starts inside reasoning without writing the opener (DeepSeek-R1, Step3). ``implicit_ends``:
+    markers that end reasoning without a closer and stay in the text (Kimi K2.5's tool section).
+    """
+
+    starts: tuple[str, ...]
+    ends: tuple[str, ...]
+    inner: str = "\n"
+    separator: str = "\n\n"
+    forced: bool = False
+    implicit_ends: tuple[str, ...] = ()
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return (*self.starts, *self.ends, *self.implicit_ends)
+
+    def remap(self, marker: Callable[[str], str]) -> ReasoningFormat:
+        """The same format with every marker passed through ``marker`` (token-id sentinels)."""
+        return dataclasses.replace(
+            self,
+            starts=tuple(map(marker, self.starts)),
+            ends=tuple(map(marker, self.ends)),
+            implicit_ends=tuple(map(marker, self.implicit_ends)),
+        )
+
+    def open_in(self, prompt: str) -> bool:
+        """True when ``prompt`` ends inside an open reasoning block (or the family always starts in one)."""
+        if self.forced:
+            return True
+        opened = max((prompt.rfind(s) for s in self.starts), default=-1)
+        closed = max((prompt.rfind(e) for e in self.ends), default=-1)
+        return opened >= 0 and opened > closed
 
 
-QWEN3 = ReasoningFormat(start="<think>", end="</think>")
+THINK = ReasoningFormat(starts=("<think>",), ends=("</think>",))
+
+# Public names (Dynamo's and vLLM's) -> formats. Aliases share a row.
+REASONING_FORMATS: dict[str, ReasoningFormat] = {
+    "basic": THINK,
+    "qwen3": THINK,
+    "deepseek_r1": dataclasses.replace(THINK, forced=True),
+    "deepseek_v3": THINK,
+    "deepseek_v3_1": THINK,
+    "nemotron_deci": THINK,
+    "nemotron_nano": THINK,
+    "nemotron3": THINK,
+    "glm45": dataclasses.replace(THINK, inner="", separator=""),
+    "kimi": ReasoningFormat(starts=("◁think▷",), ends=("◁/think▷",), inner="", separator=""),
+    "kimi_k25": dataclasses.replace(THINK, implicit_ends=("<|tool_calls_section_begin|>",)),
+    "mistral": ReasoningFormat(starts=("[THINK]",), ends=("[/THINK]",), inner="", separator=""),
+    "granite": ReasoningFormat(
+        starts=("Here is my thought process:", "Here's my thought process:"),
+        ends=("Here is my response:", "Here's my response:"),
+        separator="\n",
+    ),
+    "minimax_m2": THINK,
+    "step3": dataclasses.replace(THINK, forced=True),
+}
 
 
 class TaggedReasoningParser:
-    """Splits text into reasoning (inside ``start``/``end``) and answer text.
+    """Splits text into reasoning (between a start and an end marker) and answer text.
 
-    Strips the single newline right after ``start`` and right before ``end``, and the separator after
-    ``end``. Half a marker at the end of the input is held back until the next delta (or ``finish``)
+    The format's ``inner`` whitespace and ``separator`` are the template's, not content, and are
+    dropped. Half a marker at the end of the input is held back until the next delta (or ``finish``)
     resolves it. Several reasoning blocks per turn are allowed (reasoning interleaved with tool calls).
+    A forced family that writes its opener anyway has it dropped. Output truncated inside reasoning
+    ends as reasoning.
     """
 
-    def __init__(self, fmt: ReasoningFormat, *, in_reasoning: bool = False, strip_leading_newline: bool = False):
+    def __init__(self, fmt: ReasoningFormat, *, in_reasoning: bool = False, strip_inner: bool = True) -> None:
         self._fmt = fmt
         self._buf = ""
         self._in_reasoning = in_reasoning
-        self._strip_leading = in_reasoning and strip_leading_newline
+        self._at_start = True           # nothing seen yet: a forced family's opener may still come
+        self._strip_inner = in_reasoning and strip_inner and bool(fmt.inner)
         self._separator_left = ""
+        self._end_hold = tuple(fmt.inner + e for e in fmt.ends) + fmt.ends + fmt.implicit_ends
 
     @classmethod
-    def for_prompt(cls, fmt: ReasoningFormat, prompt: str) -> TaggedReasoningParser:
+    def for_prompt(cls, fmt: ReasoningFormat, prompt: str, marker: Callable[[str], str] = str) -> TaggedReasoningParser:
         """A parser that starts in reasoning mode when ``prompt`` ends inside an open reasoning block."""
-        open_at = prompt.rfind(fmt.start)
-        in_reasoning = open_at >= 0 and open_at > prompt.rfind(fmt.end)
-        return cls(fmt, in_reasoning=in_reasoning, strip_leading_newline=prompt.endswith(fmt.start))
+        ends_with_opener = any(prompt.endswith(s) for s in fmt.starts)
+        return cls(fmt.remap(marker), in_reasoning=fmt.open_in(prompt), strip_inner=ends_with_opener)
 
     @property
     def in_reasoning(self) -> bool:
@@ -54,33 +116,46 @@ class TaggedReasoningParser:
     def finish(self) -> list[Event]:
         return self._drain(final=True)
 
+    def _drop_prefix(self, prefix: str, *, final: bool) -> bool:
+        """Drop ``prefix`` from the buffer if it starts with it; False while it cannot tell yet."""
+        if self._buf.startswith(prefix):
+            self._buf = self._buf[len(prefix):]
+            return True
+        return final or not prefix.startswith(self._buf)
+
     def _drain(self, *, final: bool) -> list[Event]:
         events: list[Event] = []
         fmt = self._fmt
         while True:
             if self._in_reasoning:
-                if self._strip_leading:
-                    if not self._buf and not final:
+                if self._at_start and fmt.forced:
+                    if not all(self._drop_prefix(s, final=final) for s in fmt.starts):
                         break
-                    if self._buf.startswith("\n"):
-                        self._buf = self._buf[1:]
-                    self._strip_leading = False
-                at = self._buf.find(fmt.end)
+                    self._at_start = False
+                    self._strip_inner = bool(fmt.inner)
+                if self._strip_inner:
+                    if not self._drop_prefix(fmt.inner, final=final):
+                        break
+                    self._strip_inner = False
+                self._at_start = False
+                at, end = find_first(self._buf, fmt.ends)
+                implicit, _ = find_first(self._buf, fmt.implicit_ends)
+                if implicit >= 0 and (at < 0 or implicit < at):
+                    self._emit(ReasoningDelta, self._buf[:implicit].removesuffix(fmt.inner), events)
+                    self._buf = self._buf[implicit:]
+                    self._in_reasoning = False
+                    continue
                 if at >= 0:
-                    content = self._buf[:at]
-                    if content.endswith("\n"):
-                        content = content[:-1]
-                    if content:
-                        events.append(ReasoningDelta(content))
-                    self._buf = self._buf[at + len(fmt.end):]
+                    self._emit(ReasoningDelta, self._buf[:at].removesuffix(fmt.inner), events)
+                    self._buf = self._buf[at + len(end):]
                     self._in_reasoning = False
                     self._separator_left = fmt.separator
                     continue
-                hold = 0 if final else partial_marker_len(self._buf, "\n" + fmt.end, fmt.end)
-                emit, self._buf = self._buf[: len(self._buf) - hold], self._buf[len(self._buf) - hold:]
-                if emit:
-                    events.append(ReasoningDelta(emit))
+                hold = 0 if final else partial_marker_len(self._buf, *self._end_hold)
+                self._emit(ReasoningDelta, self._buf[: len(self._buf) - hold], events)
+                self._buf = self._buf[len(self._buf) - hold:]
                 break
+            self._at_start = False
             while self._separator_left and self._buf and self._buf[0] == self._separator_left[0]:
                 self._buf = self._buf[1:]
                 self._separator_left = self._separator_left[1:]
@@ -88,22 +163,43 @@ class TaggedReasoningParser:
                 if not self._buf and not final:
                     break
                 self._separator_left = ""
-            at = self._buf.find(fmt.start)
+            at, start = find_first(self._buf, fmt.starts)
             if at >= 0:
-                if at:
-                    events.append(TextDelta(self._buf[:at]))
-                self._buf = self._buf[at + len(fmt.start):]
+                self._emit(TextDelta, self._buf[:at], events)
+                self._buf = self._buf[at + len(start):]
                 self._in_reasoning = True
-                self._strip_leading = True
+                self._strip_inner = bool(fmt.inner)
                 continue
-            hold = 0 if final else partial_marker_len(self._buf, fmt.start)
-            emit, self._buf = self._buf[: len(self._buf) - hold], self._buf[len(self._buf) - hold:]
-            if emit:
-                events.append(TextDelta(emit))
+            hold = 0 if final else partial_marker_len(self._buf, *fmt.starts)
+            self._emit(TextDelta, self._buf[: len(self._buf) - hold], events)
+            self._buf = self._buf[len(self._buf) - hold:]
             break
         return events
 
+    @staticmethod
+    def _emit(kind: type[ReasoningDelta] | type[TextDelta], text: str, events: list[Event]) -> None:
+        if text:
+            events.append(kind(text))
 
-def qwen3_reasoning_parser(prompt: str) -> TaggedReasoningParser:
-    """Qwen3 ``<think>`` blocks; starts in reasoning mode if the prompt opened one."""
-    return TaggedReasoningParser.for_prompt(QWEN3, prompt)
+
+class AppendThinkParser:
+    """``minimax_append_think``: no reasoning split; the answer text gets the prompt's open ``<think>`` back.
+
+    For clients that parse ``<think>`` themselves: everything is text, prefixed with the opener the
+    prompt already wrote (so the client sees a whole block).
+    """
+
+    def __init__(self, opener: str) -> None:
+        self._pending = opener
+
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Event]:
+        out, self._pending = self._pending + text, ""
+        return [TextDelta(out)] if out else []
+
+    def finish(self) -> list[Event]:
+        return self.feed("")
+
+
+def append_think_opener(prompt: str) -> str:
+    """The opener ``minimax_append_think`` restores: ``<think>\\n`` when the prompt left one open."""
+    return "<think>\n" if THINK.open_in(prompt) else ""
