@@ -130,8 +130,6 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
     ]
     if settings.enable_anthropic_api:
         routes.extend(anthropic_routes(parse, settings))
-    if settings.enable_anthropic_api:
-        routes.extend(anthropic_routes(parse, settings))
     app = Starlette(
         routes=routes,
         exception_handlers={
