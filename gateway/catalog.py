@@ -83,6 +83,7 @@ class ModelProfile:
             "parsers": {"reasoning": self.reasoning_parser or None, "tool": self.tool_parser or None},
             "display_name": self.display_name,
             "description": self.description,
+            "base_instructions": self.base_instructions,
         }
 
 

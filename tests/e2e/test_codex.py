@@ -1,0 +1,105 @@
+"""Real Codex CLI (0.169.0, ``shared/harnesses/codex.sh``) against the real mesh: a two-turn tool loop.
+
+The mocker's script makes the model call Codex's shell tool (``exec_command`` with ``{"cmd": ...}``),
+Codex runs the command and sends its output back (``function_call_output``), and the model answers.
+Codex is configured with the catalog ``harnessmesh catalog codex`` prints for this mesh.
+
+Runs only inside ``shared/harnesses/offline.sh`` (``HARNESS_OFFLINE=1``): ``.ci/run`` runs the
+``harness`` tests that way after the main suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.mesh import RunningMesh, running_mesh
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESSES = Path(os.environ.get("HARNESSES_DIR", REPO.parent / "shared" / "harnesses"))
+MODEL = "mesh-coder"
+MARKER = "harnessmesh-codex-ok"
+PROMPT = "Run the greeting command and tell me what it printed."
+CODEX_TIMEOUT = int(os.environ.get("CODEX_TIMEOUT", "90"))
+
+TOOL_TURN = (
+    "<think>\nThe user wants me to run the greeting command. I will use exec_command.\n</think>\n\n"
+    '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo ' + MARKER + '"}}\n</tool_call>'
+)
+FINAL_TURN = f"<think>\nThe command succeeded.\n</think>\n\nThe greeting command printed {MARKER}."
+# The script matches the last user/tool message: the prompt, then Codex's exec_command output.
+SCRIPT = [{"match": MARKER, "completion": FINAL_TURN}, {"match": "greeting command", "completion": TOOL_TURN}]
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.harness,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(os.environ.get("HARNESS_OFFLINE") != "1",
+                       reason="drives the real Codex CLI: run under shared/harnesses/offline.sh (as .ci/run does)"),
+]
+
+
+def _codex_installed() -> bool:
+    probe = subprocess.run(["bash", "-c", f"source {HARNESSES / 'lib.sh'} && harness_codex_bin"],
+                           capture_output=True, text=True)
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def codex_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
+    if not _codex_installed():
+        pytest.skip(f"Codex is not installed: run {HARNESSES / 'install.sh'} codex (needs the npm registry)")
+    tmp = tmp_path_factory.mktemp("codex-mesh")
+    script = tmp / "script.jsonl"
+    script.write_text("".join(json.dumps(line) + "\n" for line in SCRIPT))
+    args = ["--workers", "1", "--speedup", "50", "--script", str(script), "--reasoning-parser", "qwen3",
+            "--tool-parser", "hermes", "--served-model-name", MODEL, "--block-size", "16"]
+    with running_mesh(args, tmp / "mesh.log") as mesh:
+        yield mesh
+
+
+def _events(workdir: Path) -> list[dict[str, Any]]:
+    lines = (workdir / "stdout.txt").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip().startswith("{")]
+
+
+def test_codex_runs_a_tool_loop_against_the_mesh(codex_mesh: RunningMesh, tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog.json"
+    printed = subprocess.run(
+        [sys.executable, "-m", "services.launcher", "catalog", "codex", "--url", codex_mesh.http, "--only", "catalog"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )
+    catalog.write_text(printed.stdout)
+    assert json.loads(printed.stdout)["models"][0]["slug"] == MODEL
+
+    workdir = tmp_path / "cx"
+    env = {**os.environ, "CODEX_CATALOG": str(catalog), "CODEX_TIMEOUT": str(CODEX_TIMEOUT)}
+    proc = subprocess.run(
+        [str(HARNESSES / "codex.sh"), codex_mesh.http, MODEL, str(workdir), PROMPT,
+         "-c", "model_providers.gateway.stream_max_retries=0"],
+        env=env, timeout=CODEX_TIMEOUT + 30, capture_output=True, text=True,
+    )
+    stderr = (workdir / "stderr.txt").read_text() if (workdir / "stderr.txt").exists() else proc.stderr
+    mesh_log = codex_mesh.log_path.read_text()[-4000:]
+    assert proc.returncode == 0, f"codex exited {proc.returncode}\n{stderr[-4000:]}\n{mesh_log}"
+
+    events = _events(workdir)
+    items = [e["item"] for e in events if e["type"] == "item.completed"]
+    runs = [i for i in items if i["type"] == "command_execution"]
+    assert runs, items
+    assert runs[0]["exit_code"] == 0 and runs[0]["aggregated_output"].strip() == MARKER
+    assert MARKER in runs[0]["command"]
+    messages = [i["text"] for i in items if i["type"] == "agent_message"]
+    assert messages and MARKER in messages[-1]
+    assert not [i for i in items if i["type"] == "error"], items
+    last = events[-1]
+    assert last["type"] == "turn.completed"
+    # The second request's prompt starts with the first one's: the worker's prefix cache served it.
+    assert last["usage"]["cached_input_tokens"] > 0, last
