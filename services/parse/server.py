@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import datetime
 
 import grpc
 import structlog
@@ -13,6 +14,7 @@ from services.common.grpc_util import GrpcServer, open_channel
 from services.common.model_dir import load_model_dir
 from services.common.tracing import Tracing
 from services.parse.model_format import ModelFormat
+from services.parse.renderer import Clock
 from services.parse.service import ParseService
 from services.parse.settings import ParseSettings
 
@@ -45,7 +47,13 @@ def build_model_format(settings: ParseSettings) -> ModelFormat:
         reasoning_parser=settings.reasoning_parser,
         tool_parser=settings.tool_parser,
         strip_billing_header=settings.strip_billing_header,
+        reasoning_replay=settings.reasoning_replay,
+        now=_fixed_clock(settings.template_clock()),
     )
+
+
+def _fixed_clock(at: datetime | None) -> Clock | None:
+    return None if at is None else (lambda: at)
 
 
 async def start(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
 from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
+from services.parse.replay import REPLAY_CHOICES
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,23 @@ class ParseSettings(CommonSettings):
     strip_billing_header: bool = option(
         True, "Drop Claude Code's per-session 'x-anthropic-billing-header:' lines so prompts keep a stable prefix.")
 
+    reasoning_replay: str = option(
+        "auto", "How earlier turns' reasoning is replayed: pass (as reasoning_content), reinsert (in the model's "
+        "markers), drop; auto: pass when the chat template reads reasoning, else drop.", choices=REPLAY_CHOICES)
+    template_now: str = option(
+        "", "Pin the chat template clock (strftime_now) to this ISO time, e.g. 2026-01-15T09:30:00 "
+        "(empty: the real clock). A prompt that changes at midnight is a prefix-cache miss.", metavar="ISO")
+
+    def template_clock(self) -> datetime | None:
+        """The pinned template time, or None for the real clock."""
+        return datetime.fromisoformat(self.template_now) if self.template_now else None
+
     def validate(self) -> None:
+        if self.template_now:
+            try:
+                self.template_clock()
+            except ValueError:
+                raise ValueError(f"template_now {self.template_now!r} is not an ISO time") from None
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is out of range")
         if self.max_model_len < 0:
