@@ -39,6 +39,7 @@ class RunningRouter:
     address: str
     router: Router
     recoverer: KvRecoverer
+    admission: AdmissionQueue
     server: GrpcServer
     consumer: WorkerEventsConsumer
     channels: WorkerChannels
@@ -80,7 +81,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     await consumer.start()
     await server.start()
     log.info("router.ready", address=server.address, mode=settings.router_mode)
-    return RunningRouter(server.address, router, recoverer, server, consumer, channels, nc, tracing)
+    return RunningRouter(server.address, router, recoverer, admission, server, consumer, channels, nc, tracing)
 
 
 async def serve(settings: RouterSettings, stop: asyncio.Event) -> None:

@@ -81,7 +81,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._channels = channels
         self._limits = limits
         self._tracer = tracer
-        self._admission = admission or AdmissionQueue(router.all_saturated)
+        self._admission = admission if admission is not None else AdmissionQueue(router.all_saturated)
         self._attempts: dict[str, set[_Attempt]] = {}
 
     def worker_gone(self, worker_id: str) -> None:
