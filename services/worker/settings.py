@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
 
-ENGINE_NAMES = ("mocker",)
+ENGINE_NAMES = ("mocker", "torch", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,13 @@ class WorkerSettings(CommonSettings):
     decode_ms_base: float = option(12.0, "Mocker timing: fixed ms of a decode step.")
     decode_ms_per_seq: float = option(0.15, "Mocker timing: ms per sequence in a decode step.")
     decode_us_per_block: float = option(2.0, "Mocker timing: µs per active KV block in a decode step.")
+    dtype: str = option("auto", "torch/trtllm: weight dtype (auto: float32 for torch on the CPU, the checkpoint's "
+                        "for trtllm).", choices=("auto", "float32", "bfloat16", "float16"))
+    torch_threads: int = option(0, "torch: intra-op CPU threads (0: PyTorch's default).")
+    tensor_parallel_size: int = option(1, "trtllm: GPUs one worker spans (tensor parallelism).")
+    free_gpu_memory_fraction: float = option(0.9, "trtllm: share of free GPU memory given to the KV cache.")
+    trtllm_event_buffer: int = option(16384, "trtllm: KvCacheConfig.event_buffer_max_size (KV events buffered "
+                                      "in the engine between polls).")
     heartbeat_interval: float = option(1.0, "Seconds between heartbeats on NATS.")
     event_buffer: int = option(4096, "Recently published KV events kept for replay.")
 
@@ -45,6 +52,10 @@ class WorkerSettings(CommonSettings):
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.tensor_parallel_size <= 0 or self.trtllm_event_buffer <= 0:
+            raise ValueError("--tensor-parallel-size and --trtllm-event-buffer must be positive")
+        if not 0 < self.free_gpu_memory_fraction <= 1:
+            raise ValueError("--free-gpu-memory-fraction must be in (0, 1]")
         if self.speedup <= 0:
             raise ValueError("--speedup must be positive")
         if self.heartbeat_interval <= 0:

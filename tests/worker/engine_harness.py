@@ -1,0 +1,116 @@
+"""Builds each engine for the shared conformance suite, with a view of the blocks it really holds."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.common.model_dir import ModelDir, load_model_dir
+from services.worker.engine import Engine, EngineOutput, EngineRequest, KvCleared, KvEvent, KvRemoved, KvStored
+from services.worker.mocker import MockerConfig, MockerEngine
+from services.worker.mocker.script import FillerVocabulary
+from services.worker.mocker.timing import TimingModel
+from services.worker.trtllm import TrtllmApi, TrtllmEngine
+from tests.worker.fake_trtllm import FakeLLM, SamplingParams
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+ENGINE_KINDS = [
+    "mocker",
+    pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH, reason="the torch extra is not installed")),
+    "trtllm-fake",
+]
+
+
+@dataclass
+class Harness:
+    """An engine under test, the full blocks it really holds, and the KV events it published."""
+
+    engine: Any
+    real_blocks: Callable[[], set[int]]
+    events: list[KvEvent]
+    _task: asyncio.Task[None]
+
+    def published_blocks(self) -> set[int]:
+        return fold(self.events)
+
+    async def close(self) -> None:
+        await self.engine.close()
+        self._task.cancel()
+
+
+def fold(events: list[KvEvent]) -> set[int]:
+    """The block set a router would hold after ``events``."""
+    blocks: set[int] = set()
+    for event in events:
+        if isinstance(event, KvStored):
+            blocks.update(b.block_hash for b in event.blocks)
+        elif isinstance(event, KvRemoved):
+            blocks.difference_update(event.block_hashes)
+        elif isinstance(event, KvCleared):
+            blocks.clear()
+    return blocks
+
+
+async def build(kind: str, model_path: Path, runners: dict[str, Any], *, num_blocks: int = 512,
+                block_size: int = 16, max_tokens_default: int = 64) -> Harness:
+    model = load_model_dir(model_path)
+    engine: Any
+    real: Callable[[], set[int]]
+    if kind == "mocker":
+        engine = MockerEngine(MockerConfig(block_size=block_size, num_blocks=num_blocks,
+                                           max_tokens_default=max_tokens_default,
+                                           timing=TimingModel(speedup=1000.0)), model)
+        real = lambda: set(engine.blocks.lru_order())  # noqa: E731 (all full blocks are inactive when idle)
+    elif kind == "torch":
+        from services.worker.torch_engine import ModelRunner, TorchConfig, TorchEngine
+
+        if "torch" not in runners:
+            runners["torch"] = ModelRunner(model_path)
+        engine = TorchEngine(TorchConfig(block_size=block_size, num_blocks=num_blocks,
+                                         max_tokens_default=max_tokens_default), model, runners["torch"])
+        real = engine.cached_block_hashes
+    else:
+        llm = FakeLLM(FillerVocabulary(model.tokenizer).words, tokens_per_block=block_size, num_blocks=num_blocks)
+        engine = TrtllmEngine(TrtllmApi(llm, SamplingParams), model, block_size=block_size, num_blocks=num_blocks,
+                              max_tokens_default=max_tokens_default, poll_interval=0.001, max_poll_interval=0.005)
+        real = llm.cached_sequence_hashes
+    assert isinstance(engine, Engine)
+    events: list[KvEvent] = []
+    subscription = engine.kv_events()
+
+    async def collect() -> None:
+        async for batch in subscription:
+            events.extend(batch)
+
+    task = asyncio.create_task(collect())
+    await engine.start()
+    return Harness(engine, real, events, task)
+
+
+async def collect(engine: Any, request: EngineRequest) -> list[EngineOutput]:
+    return [out async for out in engine.generate(request)]
+
+
+def tokens(outs: list[EngineOutput]) -> list[int]:
+    return [t for o in outs for t in o.token_ids]
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Whether ``condition`` holds within ``timeout`` (polled; engines publish events asynchronously)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def demo_model() -> ModelDir:
+    return load_model_dir("")

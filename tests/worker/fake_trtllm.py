@@ -1,0 +1,290 @@
+"""A faithful fake of the part of TensorRT-LLM's LLM API the trtllm adapter uses (no GPU, no tensorrt_llm).
+
+Modelled on TensorRT-LLM's documented objects: ``LLM.generate_async(prompt_token_ids, sampling_params,
+streaming=True)`` returns a ``RequestOutput`` that is async-iterable, one item per executor iteration,
+``outputs[0].token_ids_diff`` holding that iteration's new tokens and ``finish_reason`` in
+``stop | length | cancelled``; ``abort()`` cancels it. Stop token ids end a request without being
+emitted. ``get_kv_cache_events_async`` / ``get_stats_async`` drain dicts shaped like
+``KVCacheEventSerializer`` / iteration stats. The KV cache reuses full blocks by prefix (radix lookup by
+(parent hash, tokens)), evicts unreferenced blocks LRU, stores a request's last *partial* block when
+it ends, and — as a variable sliding-window model would — mirrors every event for a second, smaller
+attention window with different block hashes. Engine block hashes are unrelated to ours.
+Generation is deterministic: the next token is a hash of the context, drawn from plain words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from services.common.block_hash import sequence_hashes
+
+PRIORITY = 35
+SWA_XOR = 0x5A5A_5A5A_5A5A_5A5A
+
+
+@dataclass
+class SamplingParams:
+    """``tensorrt_llm.SamplingParams`` (the fields the adapter sets)."""
+
+    max_tokens: int = 32
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    detokenize: bool = True
+
+
+@dataclass
+class CompletionOutput:
+    """``tensorrt_llm.llmapi.CompletionOutput``."""
+
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    _last_token_ids_len: int = 0
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_token_ids_len :]
+
+
+class RequestOutput:
+    """``tensorrt_llm.llmapi.RequestOutput`` in streaming mode: each ``__anext__`` applies one response."""
+
+    def __init__(self, llm: FakeLLM, request_id: int, prompt: list[int], params: SamplingParams) -> None:
+        self._llm = llm
+        self.request_id = request_id
+        self.prompt_token_ids = prompt
+        self.sampling_params = params
+        self.outputs = [CompletionOutput(0)]
+        self.finished = False
+        self.cached_tokens = 0
+        self._responses: asyncio.Queue[tuple[list[int], str | None]] = asyncio.Queue()
+        self.abort_requested = False
+
+    def abort(self) -> None:
+        self.abort_requested = True
+        self._llm._wake.set()
+
+    def __aiter__(self) -> RequestOutput:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        out = self.outputs[0]
+        out._last_token_ids_len = len(out.token_ids)
+        tokens, reason = await self._responses.get()
+        out.token_ids.extend(tokens)
+        if reason is not None:
+            out.finish_reason = reason
+            self.finished = True
+        return self
+
+
+@dataclass(eq=False)
+class _Block:
+    engine_hash: int
+    parent: int | None
+    tokens: tuple[int, ...]
+    path: tuple[int, ...]          # every token from the sequence start to this block's end
+    refs: int = 0
+
+
+@dataclass(eq=False)
+class _Seq:
+    result: RequestOutput
+    tokens: list[int]               # prompt + generated, all with KV
+    blocks: list[_Block] = field(default_factory=list)
+    prefilled: bool = False
+
+
+class FakeLLM:
+    """``tensorrt_llm.LLM`` (see module docstring)."""
+
+    def __init__(self, vocab: Sequence[int], *, tokens_per_block: int = 16, num_blocks: int = 512,
+                 windows: tuple[int, int] = (32768, 64)) -> None:
+        self.vocab = list(vocab)
+        self.bs = tokens_per_block
+        self.num_blocks = num_blocks
+        self.window, self.small_window = windows
+        self._blocks: dict[tuple[int | None, tuple[int, ...]], _Block] = {}
+        self._lru: OrderedDict[int, _Block] = OrderedDict()   # unreferenced, evictable (full and partial)
+        self._partials: list[_Block] = []
+        self._events: deque[dict[str, Any]] = deque()
+        self._stats: deque[dict[str, Any]] = deque()
+        self._next_event = 0
+        self._next_request = 1
+        self._active: list[_Seq] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.iterations = 0
+        for window in (self.small_window, self.window):
+            self._emit({"type": "created", "num_blocks_per_cache_level": [num_blocks, 0]}, window)
+
+    # -- LLM API --------------------------------------------------------------------------------
+
+    def generate_async(self, inputs: list[int], sampling_params: SamplingParams | None = None, *,
+                       streaming: bool = False) -> RequestOutput:
+        assert streaming, "the adapter streams"
+        result = RequestOutput(self, self._next_request, list(inputs), sampling_params or SamplingParams())
+        self._next_request += 1
+        self._active.append(_Seq(result, list(inputs)))
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop())
+        self._wake.set()
+        return result
+
+    async def get_kv_cache_events_async(self, timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+        while self._events:
+            yield self._events.popleft()
+
+    async def get_stats_async(self, timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+        while self._stats:
+            yield self._stats.popleft()
+
+    def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- test helpers ---------------------------------------------------------------------------
+
+    def cached_sequence_hashes(self) -> set[int]:
+        """Our hashes of every full block the engine holds (global-attention window)."""
+        return {sequence_hashes(b.path, self.bs)[-1] for b in self._blocks.values() if len(b.tokens) == self.bs}
+
+    @property
+    def used_blocks(self) -> int:
+        return sum(1 for b in self._blocks.values() if b.refs > 0)
+
+    # -- the executor loop ----------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._active:
+                self._wake.clear()
+                await self._wake.wait()
+            await asyncio.sleep(0.0005)
+            self.iterations += 1
+            for seq in list(self._active):
+                if seq.result.abort_requested:
+                    self._finish(seq, [], "cancelled")
+                else:
+                    self._step(seq)
+            self._stats.append({"iter": self.iterations, "numActiveRequests": len(self._active), "kvCacheStats": {
+                "usedNumBlocks": self.used_blocks, "maxNumBlocks": self.num_blocks, "tokensPerBlock": self.bs,
+                "freeNumBlocks": self.num_blocks - self.used_blocks}})
+
+    def _step(self, seq: _Seq) -> None:
+        params = seq.result.sampling_params
+        if not seq.prefilled:
+            seq.prefilled = True
+            limit = (len(seq.tokens) - 1) // self.bs
+            parent: int | None = None
+            for i in range(limit):
+                block = self._blocks.get((parent, tuple(seq.tokens[i * self.bs : (i + 1) * self.bs])))
+                if block is None:
+                    break
+                self._ref(block)
+                self._emit({"type": "updated", "block_hash": block.engine_hash,
+                            "cache_level": {"type": "event_diff", "old_value": 0, "new_value": 0},
+                            "priority": {"type": "event_diff", "old_value": PRIORITY, "new_value": PRIORITY}},
+                           self.window)
+                seq.blocks.append(block)
+                parent = block.engine_hash
+            seq.result.cached_tokens = len(seq.blocks) * self.bs
+            self._seal_full(seq)
+        generated = seq.result.outputs[0].token_ids
+        token = self._next_token(seq.tokens)
+        if token in (params.stop_token_ids or []):
+            self._finish(seq, [], "stop")
+            return
+        seq.tokens.append(token)
+        self._seal_full(seq)
+        reason = "length" if len(generated) + 1 >= params.max_tokens else None
+        if reason is not None:
+            self._finish(seq, [token], reason)
+        else:
+            seq.result._responses.put_nowait(([token], None))
+
+    def _next_token(self, context: list[int]) -> int:
+        data = struct.pack(f"<{min(len(context), 3) + 1}I", len(context), *context[-3:])
+        return self.vocab[xxhash.xxh64_intdigest(data, seed=7) % len(self.vocab)]
+
+    def _seal_full(self, seq: _Seq) -> None:
+        """Blocks of ``seq`` that are full now are stored (reusing an identical cached block if any)."""
+        run: list[_Block] = []
+        run_parent: int | None = None
+        while (len(seq.blocks) + 1) * self.bs <= len(seq.tokens):
+            i = len(seq.blocks)
+            parent = seq.blocks[-1].engine_hash if seq.blocks else None
+            tokens = tuple(seq.tokens[i * self.bs : (i + 1) * self.bs])
+            block = self._blocks.get((parent, tokens))
+            if block is None:
+                block = self._allocate(parent, tokens, tuple(seq.tokens[: (i + 1) * self.bs]))
+                if not run:
+                    run_parent = parent
+                run.append(block)
+            elif run:  # one stored event per run of consecutive new blocks
+                self._emit_stored(run_parent, run)
+                run = []
+            self._ref(block)
+            seq.blocks.append(block)
+        if run:
+            self._emit_stored(run_parent, run)
+
+    def _finish(self, seq: _Seq, tokens: list[int], reason: str) -> None:
+        self._active.remove(seq)
+        tail = tuple(seq.tokens[len(seq.blocks) * self.bs :])
+        parent = seq.blocks[-1].engine_hash if seq.blocks else None
+        if tail and (parent, tail) not in self._blocks:
+            partial = self._allocate(parent, tail, tuple(seq.tokens))
+            self._emit_stored(parent, [partial])
+            self._lru[partial.engine_hash] = partial
+        for block in reversed(seq.blocks):
+            block.refs -= 1
+            if block.refs == 0:
+                self._lru[block.engine_hash] = block
+        seq.result._responses.put_nowait((tokens, reason))
+
+    # -- block pool -----------------------------------------------------------------------------
+
+    def _ref(self, block: _Block) -> None:
+        if block.refs == 0:
+            self._lru.pop(block.engine_hash, None)
+        block.refs += 1
+
+    def _allocate(self, parent: int | None, tokens: tuple[int, ...], path: tuple[int, ...]) -> _Block:
+        if len(self._blocks) >= self.num_blocks:
+            if not self._lru:
+                raise RuntimeError("fake TensorRT-LLM: out of KV blocks")
+            _, victim = self._lru.popitem(last=False)
+            del self._blocks[(victim.parent, victim.tokens)]
+            for window, h in ((self.small_window, victim.engine_hash ^ SWA_XOR), (self.window, victim.engine_hash)):
+                self._emit({"type": "removed", "block_hashes": [h]}, window)
+        data = struct.pack(f"<Q{len(tokens)}I", parent or 0, *tokens)
+        block = _Block(xxhash.xxh64_intdigest(data, seed=99), parent, tokens, path)
+        self._blocks[(parent, tokens)] = block
+        return block
+
+    def _emit_stored(self, parent: int | None, blocks: list[_Block]) -> None:
+        for window, xor in ((self.small_window, SWA_XOR), (self.window, 0)):
+            self._emit({"type": "stored", "parent_hash": None if parent is None else parent ^ xor, "blocks": [
+                {"type": "stored_block", "block_hash": b.engine_hash ^ xor, "cache_level": 0, "priority": PRIORITY,
+                 "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in b.tokens]}
+                for b in blocks]}, window)
+
+    def _emit(self, data: dict[str, Any], window: int) -> None:
+        self._events.append({"event_id": self._next_event, "data": data, "window_size": window,
+                             "attention_dp_rank": 0})
+        self._next_event += 1
