@@ -19,6 +19,7 @@ from services.common.model_dir import input_modalities
 from services.parse import convert
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
+from services.parse.prefix_watch import PrefixWatch, session_key
 
 log = structlog.get_logger()
 
@@ -32,11 +33,13 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         router: router_pb2_grpc.RouterStub,
         tracer: trace.Tracer | None = None,
         created: int | None = None,
+        prefix_watch: PrefixWatch | None = None,
     ) -> None:
         self._format = model_format
         self._router = router
         self._tracer = tracer or trace.get_tracer("harnessmesh.parse")
         self._created = int(time.time()) if created is None else created
+        self._prefix_watch = prefix_watch or PrefixWatch(model_format.decode)
 
     async def Chat(
         self, request: chat_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -57,6 +60,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         pipeline = self._format.output_pipeline(prompt.text, prompt.schemas)
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
             tracker = _SpanEvents(span)
+            turn = self._prefix_watch.begin(session_key(request.identity), prompt.token_ids)  # prefix-break report
             call = self._router.Generate(generate)
             sent = finished = False
             error: MeshError | None = None
@@ -70,6 +74,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                         info = frame.prompt if frame.HasField("prompt") else worker_pb2.PromptInfo(
                             prompt_tokens=len(prompt.token_ids))
                         batch.events.append(convert.started_event(request_id, model, info))
+                    if turn is not None:
+                        turn.extend(frame.token_ids)
                     events = pipeline.feed(frame.token_ids)
                     if frame.finish_reason:
                         events += pipeline.finish()
@@ -97,6 +103,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                     return
                 yield chat_pb2.ChatEventBatch(events=[convert.error_event(errors.to_proto(error))])
                 return
+            if turn is not None:
+                turn.commit()
             log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),
                      tool_calls=pipeline.tool_calls)
 

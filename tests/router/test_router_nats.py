@@ -62,7 +62,7 @@ async def test_restarted_router_and_replicas_recover_by_dump(mesh: Mesh) -> None
 
         async with grpc.aio.insecure_channel(w.address) as channel:
             stub: Any = worker_pb2_grpc.WorkerStub(channel)
-            await generate(stub, request(PREFIXES[5][:100] + [7, 7, 7]))
+            await generate(stub, request([*PREFIXES[5][:100], 7, 7, 7]))
     # A restarted router and a second replica beside it both catch up within a second.
     restarted = await mesh.router()
     replica = await mesh.router()
@@ -70,7 +70,7 @@ async def test_restarted_router_and_replicas_recover_by_dump(mesh: Mesh) -> None
                             what="restarted router and replica synced")
     assert took < 1.0
     assert restarted.recoverer.dumps >= 2 and replica.recoverer.dumps >= 2
-    prompt = PREFIXES[5][:100] + [7, 7, 7]
+    prompt = [*PREFIXES[5][:100], 7, 7, 7]
     best = {r.router.place(prompt).candidates[0].overlap_blocks for r in (restarted, replica)}
     assert best == {6}
 
@@ -92,15 +92,15 @@ async def test_dropped_events_are_detected_and_repaired(mesh: Mesh) -> None:
 
     nc.publish = lossy_publish
     stub = mesh.stub(router)
-    await generate(stub, request(PREFIXES[0][:64] + [1]))
-    await generate(stub, request(PREFIXES[1][:64] + [1]))
+    await generate(stub, request([*PREFIXES[0][:64], 1]))
+    await generate(stub, request([*PREFIXES[1][:64], 1]))
     assert to_drop == [0]
     # No later event arrives: the heartbeat's last_event_id gives the lost tail away.
     await wait_until(lambda: index_matches(mesh), timeout=3, what="gap repaired from the heartbeat")
     assert router.recoverer.replays == 1
     to_drop[0] = 1  # one more loss, followed at once by a later event: a gap in event ids
-    await generate(stub, request(PREFIXES[2][:64] + [1]))
-    await generate(stub, request(PREFIXES[3][:64] + [1]))
+    await generate(stub, request([*PREFIXES[2][:64], 1]))
+    await generate(stub, request([*PREFIXES[3][:64], 1]))
     await wait_until(lambda: index_matches(mesh), timeout=3, what="gap repaired by replay")
     assert router.recoverer.replays == 2
 
@@ -123,7 +123,7 @@ async def test_gap_beyond_the_ring_buffer_is_repaired_by_a_dump(mesh: Mesh) -> N
     nc.publish = lossy_publish
     stub = mesh.stub(router)
     for p in range(4):
-        await generate(stub, request(PREFIXES[p][:80] + [2]))
+        await generate(stub, request([*PREFIXES[p][:80], 2]))
     await wait_until(lambda: index_matches(mesh), timeout=3, what="gap repaired by dump")
     assert router.recoverer.dumps >= 2  # the join dump and the repair
 
@@ -134,7 +134,7 @@ async def test_workers_joining_and_leaving_are_noticed(mesh: Mesh) -> None:
     await wait_until(lambda: router.router.registry.get(a.worker_id) is not None, what="join")
     b = await mesh.worker()
     await wait_until(lambda: len(router.router.registry) == 2, what="second join")
-    await generate(mesh.stub(router), request(PREFIXES[0][:64] + [3]))
+    await generate(mesh.stub(router), request([*PREFIXES[0][:64], 3]))
     await b.stop()
     mesh.workers.remove(b)
     await wait_until(lambda: router.router.registry.get(b.worker_id) is None, timeout=1, what="leave")
