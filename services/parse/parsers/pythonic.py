@@ -1,6 +1,6 @@
 """Pythonic tool calls (Llama 3.2 / 4): ``[get_weather(city="Paris"), get_time(tz="CET")]``.
 
-A list of calls opening the output (optionally inside ``<|python_start|>`` .. ``<|python_end|>``)
+A list of calls opening the output, or following another list (optionally inside ``<|python_start|>`` .. ``<|python_end|>``)
 is parsed call by call: ``ToolCallStart`` once ``name(`` is read, and, the moment the call's ``)``
 closes, its keyword arguments (Python literals) as one JSON arguments delta and the dispatch. Output
 that does not open with such a list is text. Recovery: a call whose arguments are not literals or
@@ -103,9 +103,11 @@ class PythonicToolParser:
                 self._buf = rest[1:]
                 if rest[0] == ",":
                     self._s = _S.CALL
-                else:  # "]" ends the list; the rest of the output is text
-                    self._buf = (rest[1:] if rest[0] == "]" else "").lstrip().removeprefix("<|python_end|>")
-                    self._s = _S.TEXT
+                elif rest[0] == "]":  # the list ended: another may follow at once, else text
+                    self._buf = rest[1:].lstrip().removeprefix("<|python_end|>")
+                    self._s = _S.START
+                else:
+                    self._buf, self._s = "", _S.TEXT
 
     def _close_args(self) -> bool:
         """Advance the scan over the argument text; True once the call's ``)`` was read."""

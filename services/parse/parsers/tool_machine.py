@@ -177,6 +177,7 @@ class MarkedToolParser:
                 self._calls.start(name, events)
                 self._buf = self._buf[match.end():]
                 self._object_call = True
+                self._calls_in_section += 1
                 self._begin_args()
                 return True
         scanner = JsonScanner()
