@@ -29,7 +29,7 @@ def usage_dict(usage: common_pb2.Usage) -> dict[str, Any]:
     """The Responses API's usage object."""
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
