@@ -1,0 +1,162 @@
+"""Per-session prefix-break tracking: does each new prompt extend the previous turn's prompt + output?
+
+An agent's prompt should only ever grow by appending: turn N+1 = turn N's prompt + its output + the
+new messages. When it does not (a per-request header in the system prompt, a template that drops
+history reasoning, a client that rewrites a tool call), everything after the first differing token
+is a prefix-cache miss. ``PrefixWatch`` keeps, per session, the token history of the latest turns and
+reports where the new prompt broke away from the closest one: the token offset and ~80 characters of
+text around it, as a span event (``prefix.break``), a structured log line (``parse.prefix_break``)
+and a counter metric (``harnessmesh.parse.prefix_breaks``).
+
+A session may run several lines of turns (sub-agents, side calls such as title generation); the
+watch keeps the last ``lines_per_session`` histories of a session and a prompt that extends any of
+them is not a break. A prompt that shares less than ``min_shared_tokens`` with every history starts a
+new line (nothing to compare against) rather than being reported. Pure domain code: tokens in, a
+report out; ``decode`` turns token ids back into text for the report.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+from opentelemetry import metrics, trace
+
+log = structlog.get_logger()
+
+CONTEXT_CHARS = 80
+
+
+@dataclass(frozen=True)
+class PrefixBreak:
+    """Where a session's new prompt stopped extending its previous turn."""
+
+    session: str
+    offset: int  # first token of the new prompt that differs from the history
+    history_tokens: int  # previous prompt + output
+    prompt_tokens: int
+    expected: str  # ~80 characters of the history around the offset
+    actual: str  # ~80 characters of the new prompt around the offset
+    in_output: bool  # the break is inside the previous turn's output (the client changed what the model said)
+
+
+@dataclass(frozen=True)
+class _History:
+    tokens: list[int]  # prompt + output
+    prompt_len: int
+
+
+@dataclass
+class Turn:
+    """One request of a session: collects the output tokens; ``commit`` makes it the session's history."""
+
+    watch: PrefixWatch
+    session: str
+    prompt: list[int]
+    line: int  # the history this turn extends (-1: a new line)
+    output: list[int] = field(default_factory=list)
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        self.output.extend(token_ids)
+
+    def commit(self) -> None:
+        self.watch._commit(self)
+
+
+class PrefixWatch:
+    """Tracks prompt-prefix stability per session (bounded: least recently used sessions are dropped)."""
+
+    def __init__(
+        self,
+        decode: Callable[[list[int]], str],
+        *,
+        max_sessions: int = 4096,
+        lines_per_session: int = 4,
+        min_shared_tokens: int = 8,
+        meter: metrics.Meter | None = None,
+    ) -> None:
+        self._decode = decode
+        self._max_sessions = max_sessions
+        self._lines = lines_per_session
+        self._min_shared = min_shared_tokens
+        self._sessions: OrderedDict[str, list[_History]] = OrderedDict()
+        self._counter = (meter or metrics.get_meter("harnessmesh.parse")).create_counter(
+            "harnessmesh.parse.prefix_breaks", unit="1", description="prompts that did not extend their session")
+        self.breaks: list[PrefixBreak] = []  # the latest reports (bounded), for tests and debugging
+
+    def begin(self, session: str, prompt: Sequence[int]) -> Turn | None:
+        """Check ``prompt`` against the session's histories and report a break; None without a session."""
+        if not session:
+            return None
+        tokens = list(prompt)
+        histories = self._sessions.get(session, [])
+        best, best_shared = -1, 0
+        for i, history in enumerate(histories):
+            shared = _shared_prefix(history.tokens, tokens)
+            if shared == len(history.tokens):
+                return Turn(self, session, tokens, i)
+            if shared > best_shared:
+                best, best_shared = i, shared
+        if best >= 0 and best_shared >= self._min_shared:
+            self._report(session, histories[best], tokens, best_shared)
+            return Turn(self, session, tokens, best)
+        return Turn(self, session, tokens, -1)
+
+    def _report(self, session: str, history: _History, prompt: list[int], offset: int) -> None:
+        report = PrefixBreak(
+            session=session,
+            offset=offset,
+            history_tokens=len(history.tokens),
+            prompt_tokens=len(prompt),
+            expected=self._around(history.tokens, offset),
+            actual=self._around(prompt, offset),
+            in_output=offset >= history.prompt_len,
+        )
+        self.breaks = [*self.breaks[-63:], report]
+        self._counter.add(1, {"in_output": report.in_output})
+        trace.get_current_span().add_event("prefix.break", {
+            "session.id": session, "prefix.offset": offset, "prefix.history_tokens": report.history_tokens,
+            "prefix.expected": report.expected, "prefix.actual": report.actual, "prefix.in_output": report.in_output,
+        })
+        log.warning("parse.prefix_break", session_id=session, offset=offset, history_tokens=report.history_tokens,
+                    prompt_tokens=report.prompt_tokens, in_output=report.in_output, expected=report.expected,
+                    actual=report.actual)
+
+    def _around(self, tokens: list[int], offset: int) -> str:
+        before = self._decode(tokens[max(offset - 24, 0):offset])[-CONTEXT_CHARS // 2:]
+        after = self._decode(tokens[offset:offset + 24])[:CONTEXT_CHARS // 2]
+        return before + "⟂" + after
+
+    def _commit(self, turn: Turn) -> None:
+        histories = self._sessions.pop(turn.session, [])
+        if 0 <= turn.line < len(histories):
+            histories.pop(turn.line)
+        histories.append(_History([*turn.prompt, *turn.output], len(turn.prompt)))
+        self._sessions[turn.session] = histories[-self._lines:]
+        while len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+
+
+def _shared_prefix(a: Sequence[int], b: Sequence[int], chunk: int = 512) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i + chunk <= n and a[i:i + chunk] == b[i:i + chunk]:  # slices compare in C
+        i += chunk
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class _Identity(Protocol):
+    session_id: str
+    trajectory_id: str
+
+
+def session_key(identity: _Identity) -> str:
+    """The watch's key: the session, and the trajectory inside it when the harness names one."""
+    if not identity.session_id:
+        return ""
+    return f"{identity.session_id}/{identity.trajectory_id}" if identity.trajectory_id else identity.session_id
