@@ -118,8 +118,9 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
     models = ModelsApi(parse, catalog)
     responses = ResponsesApi(parse, ResponseStore(settings.responses_store_size, settings.responses_store_ttl))
     tokenize = TokenizeApi(parse)
+    chat = ChatCompletions(parse, tool_dispatch=settings.enable_streaming_tool_dispatch)
     routes = [
-        Route("/v1/chat/completions", ChatCompletions(parse).handle, methods=["POST"]),
+        Route("/v1/chat/completions", chat.handle, methods=["POST"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.errors import error_response, sse_error
 from gateway.openai_convert import chat_request
-from gateway.openai_events import Aggregator, ChunkEncoder
+from gateway.openai_events import DISPATCH_EVENT, Aggregator, ChunkEncoder
 from gateway.openai_models import ChatCompletionRequest
 from gateway.parse_client import ParseClient
 from gateway.sse import DONE, EventStreamResponse, sse_frames
@@ -44,10 +44,14 @@ def annotate_span(request: chat_pb2.ChatRequest) -> None:
 
 
 class ChatCompletions:
-    """The chat completions endpoint over a ``ParseClient``."""
+    """The chat completions endpoint over a ``ParseClient``.
 
-    def __init__(self, parse: ParseClient) -> None:
+    ``tool_dispatch``: stream each tool call dispatch as an ``event: tool_call_dispatch`` SSE event too.
+    """
+
+    def __init__(self, parse: ParseClient, *, tool_dispatch: bool = False) -> None:
         self._parse = parse
+        self._tool_dispatch = tool_dispatch
 
     async def handle(self, request: Request) -> Response:
         body = ChatCompletionRequest.model_validate(await read_json(request))
@@ -58,7 +62,8 @@ class ChatCompletions:
         created = int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            encoder = ChunkEncoder(completion_id, public, created, include_usage=include_usage)
+            encoder = ChunkEncoder(completion_id, public, created, include_usage=include_usage,
+                                   dispatch_events=self._tool_dispatch)
             return await self._stream(chat, encoder)
         return await _cancel_on_disconnect(request, self._complete(chat, completion_id, public, created))
 
@@ -93,12 +98,12 @@ class ChatCompletions:
 async def _sse(
     head: list[dict[str, Any]], stream: AsyncGenerator[chat_pb2.ChatEventBatch, None], encoder: ChunkEncoder
 ) -> AsyncIterator[bytes]:
-    yield sse_frames(head)
+    yield _frames(head)
     try:
         async for batch in stream:
             chunks = encoder.feed(batch)
             if chunks:
-                yield sse_frames(chunks)
+                yield _frames(chunks)
             if encoder.error is not None:
                 yield sse_error(encoder.error)
                 return
@@ -106,6 +111,14 @@ async def _sse(
         yield sse_error(exc)
         return
     yield sse_frames(encoder.close()) + DONE
+
+
+def _frames(chunks: list[dict[str, Any]]) -> bytes:
+    """SSE frames of ``chunks``; dispatch chunks go out as the named ``tool_call_dispatch`` event."""
+    if not any(DISPATCH_EVENT in c for c in chunks):
+        return sse_frames(chunks)
+    named = b"event: " + DISPATCH_EVENT.encode() + b"\n"
+    return b"".join((named if DISPATCH_EVENT in c else b"") + sse_frames([c]) for c in chunks)
 
 
 async def _cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, Response]) -> Response:

@@ -17,6 +17,9 @@ _FINISH: dict[int, str] = {
     common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
+# Name of the SSE event that carries a tool call the moment its arguments are complete.
+DISPATCH_EVENT = "tool_call_dispatch"
+
 # Order of the fields inside one delta; a later event of an earlier kind starts a new chunk.
 _RANK = {"reasoning_content": 0, "content": 1, "tool_calls": 2}
 
@@ -78,11 +81,20 @@ class _Turn:
 
 
 class ChunkEncoder:
-    """Turns each ``ChatEventBatch`` into as few ``chat.completion.chunk`` dicts as practical."""
+    """Turns each ``ChatEventBatch`` into as few ``chat.completion.chunk`` dicts as practical.
 
-    def __init__(self, completion_id: str, model: str, created: int, *, include_usage: bool) -> None:
+    With ``dispatch_events``, each tool call dispatch also yields its own chunk (after the chunk that
+    completes the call's arguments): ``"choices": []`` and the call under ``DISPATCH_EVENT`` as
+    ``{"choice_index", "tool_call": {id, type, function: {name, arguments}}}`` — Dynamo's shape, sent as
+    a named SSE event, yet a valid chunk so the official ``openai`` SDK iterates it like the usage chunk.
+    """
+
+    def __init__(
+        self, completion_id: str, model: str, created: int, *, include_usage: bool, dispatch_events: bool = False
+    ) -> None:
         self._base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
         self._include_usage = include_usage
+        self._dispatch_events = dispatch_events
         self._role_sent = False
         self._finish_sent = False
         self.turn = _Turn()
@@ -145,6 +157,9 @@ class ChunkEncoder:
                 self._append_args(d.index, d.delta, add)
             elif kind == "tool_call_dispatch":
                 self._dispatch(ev.tool_call_dispatch, add)
+                if self._dispatch_events:
+                    flush()
+                    out.append(self._dispatch_chunk(ev.tool_call_dispatch))
             elif kind == "finish":
                 flush()
                 out.extend(self._finish_chunks())
@@ -179,6 +194,12 @@ class ChunkEncoder:
         sent = self.turn.calls[index].arguments
         if call.arguments_json.startswith(sent):
             self._append_args(index, call.arguments_json[len(sent):], add)
+
+    def _dispatch_chunk(self, dispatch: chat_pb2.ToolCallDispatch) -> dict[str, Any]:
+        call = self.turn.calls[dispatch.index]
+        tool_call = {"id": call.id, "type": "function",
+                     "function": {"name": call.name, "arguments": dispatch.call.arguments_json}}
+        return {**self._base, "choices": [], DISPATCH_EVENT: {"choice_index": 0, "tool_call": tool_call}}
 
     def _finish_chunks(self) -> list[dict[str, Any]]:
         if self._finish_sent:

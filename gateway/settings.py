@@ -24,6 +24,9 @@ class GatewaySettings(CommonSettings):
         metavar="KEY",
         secret=True,
     )
+    enable_streaming_tool_dispatch: bool = option(
+        False, "Chat completions streams also send each tool call, the moment its arguments are complete, as "
+        "an 'event: tool_call_dispatch' SSE event (its data a valid chunk with empty choices).")
     request_timeout: float = option(600.0, "Deadline in seconds of one request to the parse service.")
     enable_anthropic_api: bool = option(
         True, "Serve the Anthropic Messages API (POST /v1/messages, POST /v1/messages/count_tokens).")
