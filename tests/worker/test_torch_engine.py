@@ -1,0 +1,177 @@
+"""The torch engine on a tiny random-weight model: loading, determinism, cache correctness, batching, pressure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+from services.common.block_hash import sequence_hashes
+from services.common.model_dir import load_model_dir
+from services.worker.engine import EngineRequest
+from services.worker.registry import build_engine
+from services.worker.settings import WorkerSettings
+from services.worker.torch_engine import ModelRunner, Sampler, TorchConfig, TorchEngine
+from tests.worker.engine_harness import collect, tokens
+from tests.worker.tiny_model import build_tiny_model
+
+
+class RecordingSampler(Sampler):
+    """Keeps the logits behind every sampled token, per request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logits: dict[str, list[torch.Tensor]] = {}
+
+    def observe(self, request_id: str, logits: torch.Tensor) -> None:
+        self.logits.setdefault(request_id, []).append(logits.clone())
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def runner(model_path: Path) -> ModelRunner:
+    return ModelRunner(model_path)
+
+
+Make = Callable[..., Any]
+
+
+@pytest.fixture
+async def make(model_path: Path, runner: ModelRunner) -> AsyncIterator[Make]:
+    engines: list[TorchEngine] = []
+
+    async def factory(sampler: Sampler | None = None, **kw: Any) -> TorchEngine:
+        engine = TorchEngine(TorchConfig(**kw), load_model_dir(model_path), runner, sampler)
+        await engine.start()
+        engines.append(engine)
+        return engine
+
+    yield factory
+    for engine in engines:
+        await engine.close()
+
+
+def prompt(n: int, start: int = 300) -> list[int]:
+    return list(range(start, start + n))
+
+
+async def test_loads_through_the_worker_registry_like_a_real_model(model_path: Path) -> None:
+    settings = WorkerSettings(engine="torch", model=str(model_path), num_blocks=64)
+    engine = build_engine(settings, load_model_dir(model_path))
+    assert isinstance(engine, TorchEngine)
+    await engine.start()
+    try:
+        outs = await collect(engine, EngineRequest("r", prompt(20), max_tokens=3, ignore_eos=True))
+        assert len(tokens(outs)) == 3 and engine.info().engine == "torch" and engine.info().total_blocks == 64
+    finally:
+        await engine.close()
+
+
+async def test_qwen2_architecture_loads_too(tmp_path: Path) -> None:
+    path = build_tiny_model(tmp_path / "qwen", arch="qwen2")
+    engine = TorchEngine(TorchConfig(), load_model_dir(path), ModelRunner(path))
+    await engine.start()
+    try:
+        outs = await collect(engine, EngineRequest("q", prompt(20), max_tokens=4, ignore_eos=True))
+        assert len(tokens(outs)) == 4
+    finally:
+        await engine.close()
+
+
+async def test_greedy_matches_plain_transformers_generate(make: Make, runner: ModelRunner) -> None:
+    engine = await make()
+    outs = await collect(engine, EngineRequest("g", prompt(25), max_tokens=10, ignore_eos=True))
+    with torch.inference_mode():
+        ref = runner.model.generate(torch.tensor([prompt(25)]), max_new_tokens=10, do_sample=False,
+                                    min_new_tokens=10, pad_token_id=0)
+    assert tokens(outs) == ref[0, 25:].tolist()
+
+
+async def test_cache_served_logits_equal_a_cold_run(make: Make) -> None:
+    warm_sampler, cold_sampler = RecordingSampler(), RecordingSampler()
+    warm = await make(sampler=warm_sampler)
+    cold = await make(sampler=cold_sampler)
+    first = prompt(100)
+    outs = await collect(warm, EngineRequest("t1", first, max_tokens=6, ignore_eos=True))
+    turn2 = first + tokens(outs) + prompt(37, 2000)
+    warm_outs = await collect(warm, EngineRequest("t2", turn2, max_tokens=6, ignore_eos=True))
+    cold_outs = await collect(cold, EngineRequest("t2", turn2, max_tokens=6, ignore_eos=True))
+    assert warm_outs[-1].usage is not None and warm_outs[-1].usage.cached_tokens == 96
+    assert cold_outs[-1].usage is not None and cold_outs[-1].usage.cached_tokens == 0
+    assert tokens(warm_outs) == tokens(cold_outs)
+    for w, c in zip(warm_sampler.logits["t2"], cold_sampler.logits["t2"], strict=True):
+        torch.testing.assert_close(w, c, rtol=0, atol=1e-4)
+
+
+async def test_block_kv_round_trip_is_exact(runner: ModelRunner) -> None:
+    ids = prompt(48)
+    cache = runner.new_cache()
+    full = runner.forward(ids, cache, 0)
+    blocks = [ModelRunner.cut_block(cache, i, 16) for i in range(2)]
+    rebuilt = runner.assemble(blocks)
+    suffix = runner.forward(ids[32:], rebuilt, 32)
+    torch.testing.assert_close(suffix, full, rtol=0, atol=1e-5)
+
+
+async def test_requests_are_interleaved_per_step(make: Make) -> None:
+    engine = await make()
+    reqs = [EngineRequest(f"r{i}", prompt(20, 1000 + 500 * i), max_tokens=12, ignore_eos=True) for i in range(3)]
+    results = await asyncio.gather(*(collect(engine, r) for r in reqs))
+    assert all(len(tokens(o)) == 12 for o in results)
+    assert engine.stats().steps < 2 * 12  # one after another would take 36 steps
+
+
+async def test_chunked_prefill_of_a_long_prompt(make: Make) -> None:
+    engine = await make(max_num_batched_tokens=64)
+    outs = await collect(engine, EngineRequest("long", prompt(300), max_tokens=2, ignore_eos=True))
+    assert len(tokens(outs)) == 2 and engine.stats().steps >= 300 // 64
+    cold = await make()
+    again = await collect(cold, EngineRequest("long", prompt(300), max_tokens=2, ignore_eos=True))
+    assert tokens(again) == tokens(outs)
+
+
+async def test_preemption_under_kv_pressure_keeps_outputs(make: Make) -> None:
+    roomy = await make()
+    reqs = [EngineRequest(f"p{i}", prompt(40, 1000 + 300 * i), max_tokens=40, ignore_eos=True) for i in range(3)]
+    expected = [tokens(await collect(roomy, r)) for r in reqs]
+    tight = await make(num_blocks=12)
+    results = await asyncio.gather(*(collect(tight, r) for r in reqs))
+    assert [tokens(o) for o in results] == expected
+    assert tight.stats().preemptions > 0 and tight.stats().active_blocks == 0
+
+
+async def test_lru_eviction_keeps_recent_prefixes(make: Make) -> None:
+    engine = await make(num_blocks=16)
+    for i in range(5):  # 4 full blocks each: the fifth evicts the first
+        await collect(engine, EngineRequest(f"e{i}", prompt(64, 1000 + 200 * i), max_tokens=1, ignore_eos=True))
+    held = engine.cached_block_hashes()
+    assert set(sequence_hashes(prompt(64, 1800), 16)) <= held
+    assert not set(sequence_hashes(prompt(64, 1000), 16)) & held
+    assert len(held) <= 16
+
+
+async def test_seeded_sampling_is_reproducible(make: Make) -> None:
+    engine = await make()
+    req = EngineRequest("s1", prompt(20), max_tokens=8, ignore_eos=True, temperature=0.8, top_p=0.9, top_k=50, seed=7)
+    a = tokens(await collect(engine, req))
+    b = tokens(await collect(engine, EngineRequest("s2", prompt(20), max_tokens=8, ignore_eos=True,
+                                                   temperature=0.8, top_p=0.9, top_k=50, seed=7)))
+    assert a == b and len(a) == 8
+
+
+def test_missing_weights_fail_clearly(tmp_path: Path) -> None:
+    from services.common.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="cannot load a causal LM"):
+        ModelRunner(tmp_path)
