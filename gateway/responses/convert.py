@@ -162,9 +162,13 @@ class _Builder:
 
 
 def convert_input(
-    raw: str | list[dict[str, Any]], history: Sequence[chat_pb2.Message], tools: ToolTable
+    raw: str | list[dict[str, Any]], history: Sequence[chat_pb2.Message], tools: ToolTable,
+    tools_out: list[chat_pb2.Tool],
 ) -> list[chat_pb2.Message]:
-    """``history`` followed by the request's ``input`` as canonical messages (without instructions)."""
+    """``history`` followed by the request's ``input`` as canonical messages (without instructions).
+
+    Tools carried by ``additional_tools`` items (Codex's responses-lite models) join ``tools_out``.
+    """
     builder = _Builder([chat_pb2.Message.FromString(m.SerializeToString()) for m in history])
     if isinstance(raw, str):
         builder.messages.append(chat_pb2.Message(role="user", parts=[chat_pb2.Part(text=raw)]))
@@ -175,7 +179,7 @@ def convert_input(
             raise InvalidRequestError(f"{param} must be an object", param=param)
         kind = entry.get("type", "message" if "role" in entry else None)
         if kind == "additional_tools":
-            add_tools(entry.get("tools") or [], tools, [], f"{param}.tools")
+            add_tools(entry.get("tools") or [], tools, tools_out, f"{param}.tools")
             continue
         model = _ITEM_MODELS.get(kind) if isinstance(kind, str) else None
         if model is None:
@@ -283,7 +287,7 @@ def chat_request(
     table = ToolTable()
     tools: list[chat_pb2.Tool] = []
     add_tools(body.tools or [], table, tools, "tools")
-    conversation = convert_input(body.input, history, table)
+    conversation = convert_input(body.input, history, table, tools)
     messages = list(conversation)
     if body.instructions:
         messages.insert(0, chat_pb2.Message(role="system", parts=[chat_pb2.Part(text=body.instructions)]))

@@ -1,0 +1,82 @@
+"""``harnessmesh catalog HARNESS``: config for Codex, Claude Code, pi and OpenClaw from a gateway's model cards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tomllib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.server import Gateway
+from gateway.settings import GatewaySettings
+from services.api import chat_pb2
+from services.launcher.cli import main
+from tests.gateway.fake_parse import FakeParse, start_fake_parse
+from tests.support.nats import free_port
+
+TEMPLATE = Path(__file__).resolve().parents[3] / "shared" / "harnesses" / "codex_model_catalog.json"
+
+
+async def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code = await asyncio.to_thread(main, ["catalog", *argv])
+    assert code == 0
+    return capsys.readouterr().out
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[str]:
+    """A gateway over a fake parse service serving a reasoning + tools model; yields its URL."""
+    fake = FakeParse()
+    fake.model = chat_pb2.ModelInfo(served_model_name="demo", max_model_len=32768, reasoning_parser="qwen3",
+                                    tool_parser="hermes", input_modalities=["text"])
+    server, address = await start_fake_parse(fake)
+    gateway = Gateway(GatewaySettings(http_port=0, grpc_port=0, parse_address=address), tracing=None)
+    await gateway.start()
+    yield gateway.http_url
+    await gateway.stop()
+    await server.stop(0)
+
+
+async def test_codex_catalog_and_config(served: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    catalog = json.loads(await run_cli(capsys, "codex", "--url", served + "/v1", "--only", "catalog"))
+    entry = catalog["models"][0]
+    assert entry["slug"] == "demo" and entry["context_window"] == 32768
+    assert entry["supported_reasoning_levels"][1] == {"effort": "medium",
+                                                      "description": "Balances speed and reasoning depth"}
+    assert entry["default_reasoning_level"] == "medium" and entry["apply_patch_tool_type"] is None
+    assert entry["base_instructions"]
+    if TEMPLATE.is_file():  # every field Codex 0.169.0's catalog entry has, we have
+        template = json.loads(TEMPLATE.read_text())["models"][0]
+        assert set(template) <= set(entry), set(template) - set(entry)
+    config = tomllib.loads(await run_cli(capsys, "codex", "--url", served, "--only", "config",
+                                         "--catalog-path", str(tmp_path / "c.json")))
+    assert config["model"] == "demo" and config["model_provider"] == "harnessmesh"
+    assert config["model_catalog_json"] == str(tmp_path / "c.json")
+    provider = config["model_providers"]["harnessmesh"]
+    assert provider["base_url"] == served + "/v1" and provider["wire_api"] == "responses"
+    both = await run_cli(capsys, "codex", "--url", served)
+    assert "[model_providers.harnessmesh]" in both and '"slug": "demo"' in both
+
+
+async def test_claude_code_pi_openclaw(served: str, capsys: pytest.CaptureFixture[str]) -> None:
+    env = await run_cli(capsys, "claude-code", "--url", served)
+    assert f"export ANTHROPIC_BASE_URL={served}\n" in env and "export ANTHROPIC_MODEL=demo" in env
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS=8192" in env
+    pi: Any = json.loads(await run_cli(capsys, "pi", "--url", served, "--only", "catalog"))
+    model = pi["providers"]["harnessmesh"]["models"][0]
+    assert model == {"id": "demo", "name": "demo", "reasoning": True, "input": ["text"], "contextWindow": 32768,
+                     "maxTokens": 8192, "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}
+    claw: Any = json.loads(await run_cli(capsys, "openclaw", "--url", served, "--only", "catalog"))
+    assert claw["agents"]["defaults"]["model"]["primary"] == "harnessmesh/demo"
+    assert claw["models"]["providers"]["harnessmesh"]["baseUrl"] == served + "/v1"
+
+
+async def test_unknown_model_and_unreachable_mesh(served: str) -> None:
+    with pytest.raises(SystemExit, match="does not serve 'other'"):
+        await asyncio.to_thread(main, ["catalog", "pi", "--url", served, "--model", "other"])
+    with pytest.raises(SystemExit, match="cannot read"):
+        await asyncio.to_thread(main, ["catalog", "codex", "--url", f"http://127.0.0.1:{free_port()}"])
