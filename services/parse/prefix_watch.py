@@ -11,7 +11,10 @@ and a counter metric (``harnessmesh.parse.prefix_breaks``).
 A session may run several lines of turns (sub-agents, side calls such as title generation); the
 watch keeps the last ``lines_per_session`` histories of a session and a prompt that extends any of
 them is not a break. A prompt that shares less than ``min_shared_tokens`` with every history starts a
-new line (nothing to compare against) rather than being reported. Pure domain code: tokens in, a
+new line (nothing to compare against) rather than being reported; by default any shared token counts,
+so a header that changes the very first line of the system prompt is reported too. A harness that
+runs sub-agents under one session id should name their trajectories (``x-trajectory-id``): the key is
+session + trajectory. Pure domain code: tokens in, a
 report out; ``decode`` turns token ids back into text for the report.
 """
 
@@ -75,7 +78,7 @@ class PrefixWatch:
         *,
         max_sessions: int = 4096,
         lines_per_session: int = 4,
-        min_shared_tokens: int = 8,
+        min_shared_tokens: int = 1,
         meter: metrics.Meter | None = None,
     ) -> None:
         self._decode = decode
