@@ -1,0 +1,108 @@
+"""Real Claude Code CLI (2.1.330, ``shared/harnesses/claude-code.sh``) against the real mesh: a tool loop.
+
+The mocker's script makes the model think, then call Claude Code's ``Bash`` tool with
+``{"command": ..., "description": ...}``; Claude Code runs the command and sends a ``tool_result``;
+the model answers. The second turn must be a prefix-cache hit (``cache_read_input_tokens`` > 0 in
+its usage) and the parse service must report no prefix break for the session (the billing header
+is stripped by default).
+
+Runs only inside ``shared/harnesses/offline.sh`` (``HARNESS_OFFLINE=1``): ``.ci/run`` runs the
+``harness`` tests that way after the main suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.mesh import RunningMesh, running_mesh
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESSES = Path(os.environ.get("HARNESSES_DIR", REPO.parent / "shared" / "harnesses"))
+MODEL = "mesh-sonnet"
+MARKER = "HARNESSMESH_CC_OK"
+PROMPT = "Run the marker command and tell me what it printed."
+CC_TIMEOUT = os.environ.get("CC_TIMEOUT", "90")
+
+TOOL_TURN = (
+    "<think>\nThe user wants me to run the marker command. I will use Bash.\n</think>\n\n"
+    "Running the marker command.\n"
+    '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo ' + MARKER + '", '
+    '"description": "Print the marker"}}\n</tool_call>'
+)
+FINAL_TURN = f"<think>\nThe command succeeded.\n</think>\n\nThe marker command printed {MARKER}."
+# The script matches the last user/tool message: Claude Code's tool_result, then the prompt.
+SCRIPT = [{"match": MARKER, "completion": FINAL_TURN}, {"match": "marker command", "completion": TOOL_TURN},
+          {"match": "", "completion": "OK."}]
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.harness,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(os.environ.get("HARNESS_OFFLINE") != "1",
+                       reason="drives the real Claude Code CLI: run under shared/harnesses/offline.sh (as .ci/run does)"),
+]
+
+
+def _claude_installed() -> bool:
+    probe = subprocess.run(["bash", "-c", f"source {HARNESSES / 'lib.sh'} && harness_claude_bin"],
+                           capture_output=True, text=True)
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def cc_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
+    if not _claude_installed():
+        pytest.skip(f"Claude Code is not installed: run {HARNESSES / 'install.sh'} claude-code (needs npm)")
+    tmp = tmp_path_factory.mktemp("cc-mesh")
+    script = tmp / "script.jsonl"
+    script.write_text("".join(json.dumps(line) + "\n" for line in SCRIPT))
+    # Claude Code asks for max_tokens=32000 on a ~27k-token prompt: give the demo model room for it.
+    args = ["--workers", "1", "--speedup", "50", "--script", str(script), "--reasoning-parser", "qwen3",
+            "--tool-parser", "hermes", "--served-model-name", MODEL, "--block-size", "16",
+            "--max-model-len", "131072"]
+    with running_mesh(args, tmp / "mesh.log") as mesh:
+        yield mesh
+
+
+def _events(workdir: Path) -> list[dict[str, Any]]:
+    lines = (workdir / "stdout.txt").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip().startswith("{")]
+
+
+def test_claude_code_runs_a_bash_tool_loop(cc_mesh: RunningMesh, tmp_path: Path) -> None:
+    workdir = tmp_path / "cc"
+    proc = subprocess.run(
+        [str(HARNESSES / "claude-code.sh"), cc_mesh.http, MODEL, str(workdir), "-p", PROMPT,
+         "--output-format", "stream-json", "--verbose", "--allowedTools", "Bash"],
+        env={**os.environ, "CC_TIMEOUT": CC_TIMEOUT}, timeout=int(CC_TIMEOUT) + 30,
+    )
+    stderr = (workdir / "stderr.txt").read_text() if (workdir / "stderr.txt").exists() else ""
+    assert proc.returncode == 0, f"claude exited {proc.returncode}: {stderr[-3000:]}"
+    events = _events(workdir)
+    assistant = [e["message"] for e in events if e["type"] == "assistant"]
+    calls = [b for m in assistant for b in m["content"] if b["type"] == "tool_use"]
+    results = [b for e in events if e["type"] == "user" for b in e["message"]["content"] if b["type"] == "tool_result"]
+    assert [(c["name"], c["input"]["command"]) for c in calls] == [("Bash", f"echo {MARKER}")]
+    assert results and results[0]["tool_use_id"] == calls[0]["id"] and results[0]["is_error"] is False
+    assert MARKER in str(results[0]["content"])  # Claude Code really ran the command
+    final = events[-1]
+    assert final["type"] == "result" and final["subtype"] == "success" and final["num_turns"] == 2
+    assert f"printed {MARKER}" in final["result"]
+    thinking = [b for m in assistant for b in m["content"] if b["type"] == "thinking"]
+    assert thinking and thinking[0]["thinking"].startswith("The user wants me")
+    # The second turn (a different message id) extends the first: its prompt is a prefix-cache hit.
+    ids = list(dict.fromkeys(m["id"] for m in assistant))
+    assert len(ids) == 2
+    second = next(m for m in assistant if m["id"] == ids[1])
+    assert second["usage"]["cache_read_input_tokens"] > 0
+    log = cc_mesh.log_path.read_text()
+    session = next(e["session_id"] for e in events if e.get("session_id"))
+    breaks = [line for line in log.splitlines() if "parse.prefix_break" in line and session in line]
+    assert breaks == []
