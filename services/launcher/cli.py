@@ -21,7 +21,7 @@ import structlog
 
 from services.common.logging import configure_logging
 from services.common.settings import add_arguments, settings_from_namespace
-from services.launcher import catalog_cmd
+from services.launcher import catalog_cmd, replay_cmd
 from services.launcher.mesh import Mesh, ready_line
 from services.launcher.services import ALL_SERVICES, is_exposed
 from services.launcher.settings import LauncherSettings
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     for spec in ALL_SERVICES:
         add_arguments(up, spec.settings_class(), spec.name, os.environ, include=is_exposed, seen=seen)
     catalog_cmd.add_parser(commands)
+    replay_cmd.add_parser(commands)
     return parser
 
 
@@ -81,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.command == "catalog":
         return catalog_cmd.run(ns)
+    if ns.command == "replay":
+        return replay_cmd.run(ns)
     if ns.command != "up":  # pragma: no cover - argparse enforces the choice
         parser.error(f"unknown command {ns.command}")
     try:

@@ -156,16 +156,21 @@ class KvIndex:
         result = dict.fromkeys(candidates, 0)
         active = set(result)
         holders_of = self._holders
-        for depth, block in enumerate(block_hashes, start=1):
+        depth = 0
+        for block in block_hashes:
             holders = holders_of.get(block)
             if not holders:
                 break
             if not active <= holders:
-                active &= holders
+                narrowed = active & holders
+                for worker in active - narrowed:
+                    result[worker] = depth
+                active = narrowed
                 if not active:
                     break
-            for worker in active:
-                result[worker] = depth
+            depth += 1
+        for worker in active:
+            result[worker] = depth
         return result
 
     def block_count(self, worker_id: str) -> int:

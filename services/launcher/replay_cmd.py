@@ -1,0 +1,73 @@
+"""``harnessmesh replay TRACE.jsonl``: replay a Mooncake-format trace and print reuse, TTFT, TPOT, throughput.
+
+Default: a discrete-event simulation in this process (no network) that drives the router's own core
+(index, policy, load book-keeping) and the mocker's own core (block manager, scheduler) with Dynamo
+mocker's polynomial timing. ``--router-address HOST:PORT`` instead replays the trace against a live
+router (mocker workers) with the trace's gaps divided by ``--speedup``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import TYPE_CHECKING
+
+from services.router.policy import MODES
+
+if TYPE_CHECKING:
+    from services.router.sim.metrics import ReplayResult
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("replay", help="replay a Mooncake trace (simulated, or against a live router)",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", help="JSONL trace: {timestamp, input_length, output_length, hash_ids} per line")
+    p.add_argument("--workers", type=int, default=8, help="simulated workers (default 8)")
+    p.add_argument("--router", default="kv", help=f"routing mode, or several comma-separated: {', '.join(MODES)}")
+    p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
+    p.add_argument("--num-blocks", type=int, default=16384, help="KV blocks per worker (default 16384)")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests per engine step (default 256)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step (default 8192)")
+    p.add_argument("--overlap-weight", type=float, default=1.0, help="kv cost weight of prefill blocks")
+    p.add_argument("--router-temperature", type=float, default=0.0, help="softmax temperature of kv placement")
+    p.add_argument("--speedup", type=float, default=1.0, help="divide the trace's arrival gaps by this factor")
+    p.add_argument("--limit", type=int, default=0, help="replay only the first N requests (0: all)")
+    p.add_argument("--router-address", default="", help="replay against this live router instead of simulating")
+    p.add_argument("--json", action="store_true", help="print one JSON object (per mode) instead of text")
+
+
+def run(ns: argparse.Namespace) -> int:
+    from services.router.sim.live import replay_live
+    from services.router.sim.replay import ReplayConfig, replay
+    from services.router.sim.trace import load_trace
+    from services.router.sim.worker import SimWorkerConfig
+
+    modes = [m.strip() for m in ns.router.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise SystemExit(f"unknown routing mode(s) {unknown}; valid modes: {', '.join(MODES)}")
+    if ns.speedup <= 0 or ns.workers < 1:
+        raise SystemExit("--speedup must be > 0 and --workers >= 1")
+    trace = load_trace(ns.trace, ns.limit)
+    if ns.router_address:
+        result = asyncio.run(replay_live(trace, ns.router_address, ns.speedup))
+        _print("live", result, ns.json)
+        return 0
+    worker = SimWorkerConfig(ns.block_size, ns.num_blocks, ns.max_num_seqs, ns.max_num_batched_tokens)
+    for mode in modes:
+        config = ReplayConfig(workers=ns.workers, mode=mode, worker=worker, overlap_weight=ns.overlap_weight,
+                              temperature=ns.router_temperature, speedup=ns.speedup)
+        _print(mode, replay(trace, config), ns.json)
+    return 0
+
+
+def _print(mode: str, result: ReplayResult, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"router": mode, **result.as_json()}), flush=True)
+        return
+    t, p = result.ttft_ms, result.tpot_ms
+    print(f"[{mode}] requests={result.requests} prefix_reuse={result.prefix_reuse:.3f} "
+          f"ttft_ms mean={t['mean']:.1f} p50={t['p50']:.1f} p90={t['p90']:.1f} p99={t['p99']:.1f} "
+          f"tpot_ms mean={p['mean']:.2f} p50={p['p50']:.2f} p99={p['p99']:.2f} "
+          f"throughput={result.throughput_tok_s:.0f} tok/s", flush=True)

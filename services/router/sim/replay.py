@@ -1,0 +1,144 @@
+"""The discrete-event replay: trace arrivals -> the real :class:`Router` -> simulated workers.
+
+Events are arrivals (trace timestamps divided by ``speedup``) and step ends of each worker. On arrival
+the router core ranks the workers exactly as the router process does (same index, same policy, same
+in-flight load book-keeping) and the request joins the chosen worker's scheduler. A worker's KV events
+reach the index at the end of the step that produced them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass, field
+
+from services.common.model_dir import ModelDir, load_model_dir
+from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, StoredEvent
+from services.router.policy import PlacementPolicy
+from services.router.registry import WorkerEndpoint, WorkerRegistry
+from services.router.router import InFlight, Router
+from services.router.sim.metrics import ReplayResult, RequestRecord, summarise
+from services.router.sim.timing import PolynomialTiming
+from services.router.sim.trace import TraceRequest
+from services.router.sim.worker import SimWorker, SimWorkerConfig
+from services.worker import engine as eng
+from services.worker.mocker.request import MockRequest
+from services.worker.mocker.script import FillerVocabulary
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One simulated mesh: N workers behind one router."""
+
+    workers: int = 8
+    mode: str = "kv"
+    worker: SimWorkerConfig = field(default_factory=SimWorkerConfig)
+    timing: PolynomialTiming = field(default_factory=PolynomialTiming)
+    overlap_weight: float = 1.0
+    temperature: float = 0.0
+    speedup: float = 1.0
+    seed: int = 0
+
+
+def to_router_events(events: list[eng.KvEvent]) -> list[KvEvent]:
+    out: list[KvEvent] = []
+    for e in events:
+        if isinstance(e, eng.KvStored):
+            out.append(StoredEvent(e.event_id, tuple(b.block_hash for b in e.blocks)))
+        elif isinstance(e, eng.KvRemoved):
+            out.append(RemovedEvent(e.event_id, e.block_hashes))
+        else:
+            out.append(ClearedEvent(e.event_id))
+    return out
+
+
+class Replay:
+    """Runs one trace through one simulated mesh (see module docstring)."""
+
+    def __init__(self, config: ReplayConfig, model: ModelDir | None = None) -> None:
+        self.config = config
+        model = model or load_model_dir("")
+        vocab = FillerVocabulary(model.tokenizer)
+        registry = WorkerRegistry(timeout=float("inf"), clock=lambda: 0.0)
+        self.router = Router(KvIndex(), registry,
+                             PlacementPolicy(config.mode, config.overlap_weight, random.Random(config.seed),
+                                             temperature=config.temperature))
+        self.workers: dict[str, SimWorker] = {}
+        wc = config.worker
+        for i in range(config.workers):
+            wid = f"sim-{i}"
+            registry.heartbeat(WorkerEndpoint(wid, f"sim:{i}", wc.block_size, wc.num_blocks, engine="sim"))
+            self.workers[wid] = SimWorker(wid, wc, config.timing, model, vocab, self._on_events)
+        self._events: list[tuple[float, int, str, object]] = []
+        self._seq = itertools.count()
+        self._records: dict[str, RequestRecord] = {}
+        self._inflight: dict[str, InFlight] = {}
+        self._running: dict[str, MockRequest] = {}
+        self.now = 0.0
+
+    def _on_events(self, worker_id: str, events: list[eng.KvEvent]) -> None:
+        self.router.on_kv_events(worker_id, to_router_events(events))
+
+    def _push(self, at: float, kind: str, payload: object) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), kind, payload))
+
+    def run(self, trace: list[TraceRequest]) -> ReplayResult:
+        if not trace:
+            return summarise([], 0.0)
+        t0 = trace[0].timestamp_ms
+        for i, req in enumerate(trace):
+            self._push((req.timestamp_ms - t0) / self.config.speedup, "arrive", (f"r{i}", req))
+        while self._events:
+            at, _, kind, payload = heapq.heappop(self._events)
+            self.now = at
+            if kind == "arrive":
+                rid, treq = payload  # type: ignore[misc]
+                self._arrive(rid, treq)
+            else:
+                self._step_done(str(payload))
+        return summarise(list(self._records.values()), self.now)
+
+    def _arrive(self, rid: str, treq: TraceRequest) -> None:
+        tokens = treq.tokens()
+        placement = self.router.place(tokens)
+        best = placement.candidates[0]
+        worker = self.workers[best.worker_id]
+        max_tokens = max(treq.output_length, 1)
+        self._records[rid] = RequestRecord(rid, self.now, len(tokens), max_tokens, best.worker_id)
+        self._inflight[rid] = self.router.begin(best.worker_id, placement, best)
+        self._running[rid] = worker.add(rid, tokens, max_tokens)
+        if worker.plan is None:
+            self._start(worker)
+
+    def _start(self, worker: SimWorker) -> None:
+        ms = worker.start_step()
+        self._finish(worker.finished_early)
+        worker.finished_early.clear()
+        if ms is not None:
+            self._push(self.now + ms, "step", worker.worker_id)
+
+    def _step_done(self, worker_id: str) -> None:
+        worker = self.workers[worker_id]
+        first, done = worker.finish_step()
+        for req in first:
+            record = self._records[req.request_id]
+            record.first_token_ms = self.now
+            record.cached_tokens = req.cached_tokens or 0
+            self._inflight[req.request_id].prefill_done()
+        self._finish(done)
+        self._start(worker)
+
+    def _finish(self, done: list[MockRequest]) -> None:
+        for req in done:
+            record = self._records[req.request_id]
+            record.finish_ms = self.now
+            record.output_tokens = req.generated
+            record.cached_tokens = req.cached_tokens or 0
+            self._inflight.pop(req.request_id).release()
+            self._running.pop(req.request_id, None)
+
+
+def replay(trace: list[TraceRequest], config: ReplayConfig, model: ModelDir | None = None) -> ReplayResult:
+    """Simulate ``trace`` on the mesh ``config`` describes."""
+    return Replay(config, model).run(trace)

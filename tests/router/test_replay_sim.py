@@ -1,0 +1,58 @@
+"""The trace-replay simulator and ``harnessmesh replay``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.launcher.cli import main
+from services.router.sim.replay import ReplayConfig, replay
+from services.router.sim.timing import PolynomialTiming
+from services.router.sim.trace import TraceRequest, load_trace
+from services.router.sim.worker import SimWorkerConfig
+
+
+def test_dynamo_polynomials() -> None:
+    t = PolynomialTiming()
+    assert t.prefill_ms(1000) == pytest.approx(32.1058589)
+    assert t.decode_ms(0.5) == pytest.approx(26.31)
+    assert t.decode_ms(-1.0) == 1.0
+
+
+def test_equal_hash_ids_give_equal_tokens() -> None:
+    a = TraceRequest(0, 1000, 1, (1, 2)).tokens()
+    b = TraceRequest(0, 700, 1, (1, 3)).tokens()
+    assert len(a) == 1000 and len(b) == 700 and a[:512] == b[:512] and a[512:700] != b[512:]
+
+
+def write_trace(path: Path) -> Path:
+    lines = []
+    for i in range(40):
+        conv = i % 3
+        turn = i // 3
+        ids = [conv * 100 + k for k in range(turn + 2)]
+        lines.append(json.dumps({"timestamp": i * 200, "input_length": 512 * len(ids) - 100, "output_length": 20,
+                                 "hash_ids": ids}))
+    path.write_text("\n".join(lines))
+    return path
+
+
+def test_kv_routing_reuses_more_than_round_robin(tmp_path: Path) -> None:
+    trace = load_trace(write_trace(tmp_path / "t.jsonl"))
+    worker = SimWorkerConfig(block_size=64, num_blocks=2048)
+    kv = replay(trace, ReplayConfig(workers=4, mode="kv", worker=worker))
+    rr = replay(trace, ReplayConfig(workers=4, mode="round-robin", worker=worker))
+    assert kv.requests == rr.requests == 40
+    assert kv.prefix_reuse > rr.prefix_reuse + 0.2
+    assert kv.ttft_ms["mean"] < rr.ttft_ms["mean"]
+    assert kv.throughput_tok_s > 0 and kv.tpot_ms["p50"] > 0
+
+
+def test_replay_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_trace(tmp_path / "t.jsonl")
+    assert main(["replay", str(path), "--workers", "2", "--router", "kv", "--block-size", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out) >= {"prefix_reuse", "ttft_ms", "tpot_ms", "throughput_tok_s"}
+    assert set(out["ttft_ms"]) == {"mean", "p50", "p90", "p99"} and set(out["tpot_ms"]) == {"mean", "p50", "p99"}
