@@ -74,9 +74,10 @@ class _Router(router_pb2_grpc.RouterServicer):
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[worker_pb2.GenerateResponse]:
         for n, chunk in enumerate(self._frames):
-            last = n == len(self._frames) - 1
-            yield worker_pb2.GenerateResponse(
-                token_ids=chunk, finish_reason=common_pb2.FINISH_REASON_STOP if last else 0)
+            frame = worker_pb2.GenerateResponse(token_ids=chunk)
+            if n == len(self._frames) - 1:
+                frame.finish_reason = common_pb2.FINISH_REASON_STOP
+            yield frame
 
     async def ListWorkers(self, request: Any, context: Any) -> Any:
         raise NotImplementedError

@@ -55,6 +55,7 @@ class ChatTemplateRenderer:
 
     def __init__(self, template: str, special_tokens: Mapping[str, str], now: Clock = datetime.now) -> None:
         self._template = template
+        self.template = template
         self._special = dict(special_tokens)
         self._now = now
         self.arguments_as_text = wants_text_arguments(template)

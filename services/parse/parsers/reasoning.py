@@ -60,7 +60,8 @@ THINK = ReasoningFormat(starts=("<think>",), ends=("</think>",))
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "basic": THINK,
     "qwen3": THINK,
-    "deepseek_r1": dataclasses.replace(THINK, forced=True),
+    # A tool-call section cannot be inside reasoning: it ends a forced block the model never closed.
+    "deepseek_r1": dataclasses.replace(THINK, forced=True, implicit_ends=("<｜tool▁calls▁begin｜>",)),  # noqa: RUF001
     "deepseek_v3": THINK,
     "deepseek_v3_1": THINK,
     "nemotron_deci": THINK,
