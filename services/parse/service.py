@@ -60,7 +60,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         pipeline = self._format.output_pipeline(prompt.text, prompt.schemas)
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
             tracker = _SpanEvents(span)
-            turn = self._prefix_watch.begin(session_key(request.identity), prompt.token_ids)  # prefix-break report
+            watched = self._prefix_watch.begin(session_key(request.identity), prompt.token_ids)  # prefix-break report
             call = self._router.Generate(generate)
             sent = finished = False
             error: MeshError | None = None
@@ -74,8 +74,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                         info = frame.prompt if frame.HasField("prompt") else worker_pb2.PromptInfo(
                             prompt_tokens=len(prompt.token_ids))
                         batch.events.append(convert.started_event(request_id, model, info))
-                    if turn is not None:
-                        turn.extend(frame.token_ids)
+                    if watched is not None:
+                        watched.extend(frame.token_ids)
                     events = pipeline.feed(frame.token_ids)
                     if frame.finish_reason:
                         events += pipeline.finish()
@@ -103,8 +103,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                     return
                 yield chat_pb2.ChatEventBatch(events=[convert.error_event(errors.to_proto(error))])
                 return
-            if turn is not None:
-                turn.commit()
+            if watched is not None:
+                watched.commit()
             log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),
                      tool_calls=pipeline.tool_calls)
 
