@@ -41,7 +41,8 @@ def test_expected_services_are_present(compose: dict[str, Any]) -> None:
     names = set(compose["services"])
     assert {"nats", "jaeger", "gateway", "parse", "router"} <= names
     workers = [n for n, _, argv, _ in our_services(compose) if n.startswith("worker")]
-    assert len(workers) == 2
+    default = [n for n in workers if "profiles" not in compose["services"][n]]
+    assert len(default) == 2
     assert "-js" in compose["services"]["nats"]["command"]
     assert compose["services"]["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
 
@@ -89,3 +90,20 @@ def test_settings_dataclasses_are_frozen() -> None:
     for spec in ALL_SERVICES:
         params = spec.settings_class().__dataclass_params__  # type: ignore[attr-defined]
         assert dataclasses.is_dataclass(spec.settings_class()) and params.frozen
+
+
+def test_gpu_profile_runs_trtllm_workers_on_reserved_gpus(compose: dict[str, Any]) -> None:
+    gpu = [(n, spec, argv, env) for n, spec, argv, env in our_services(compose)
+           if compose["services"][n].get("profiles") == ["gpu"]]
+    assert len(gpu) >= 2
+    devices: list[str] = []
+    for name, spec, argv, env in gpu:
+        settings = settings_of(spec, argv, env)
+        assert settings.engine == "trtllm" and settings.model == "/models/model"
+        svc = compose["services"][name]
+        assert svc["build"]["dockerfile"] == "Dockerfile.trtllm"
+        (reservation,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert reservation["driver"] == "nvidia" and reservation["capabilities"] == ["gpu"]
+        devices += reservation["device_ids"]
+    assert len(devices) == len(set(devices)), "two workers reserve the same GPU"
+    assert (REPO / "Dockerfile.trtllm").read_text().count("nvcr.io/nvidia/tensorrt-llm/release") == 1
