@@ -37,10 +37,13 @@ def _objects(calls: list[Call], key: str = "arguments") -> list[str]:
     return [f'{{"name": {dumps(n)}, "{key}": {dumps(a)}}}' for n, a in calls]
 
 
-DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>")  # noqa: RUF001
+DS = (  # DeepSeek's markers
+    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",  # noqa: RUF001
+    "<｜tool▁sep｜>",  # noqa: RUF001
+)
 
 
-def _write(name: str, calls: list[Call], first: int = 0) -> str:  # noqa: PLR0911 - one branch per family
+def _write(name: str, calls: list[Call], first: int = 0) -> str:
     if name in ("hermes", "qwen25"):
         return "\n".join(f"<tool_call>\n{o}\n</tool_call>" for o in _objects(calls))
     if name == "qwen3_coder":

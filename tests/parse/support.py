@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from services.parse.conversation import (
     ToolCallPart,
     ToolSpec,
 )
+from services.parse.parsers.base import OutputParser
+from services.parse.parsers.events import Event, TextDelta, merge_deltas
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TEMPLATES = REPO.parent / "shared" / "chat_templates"
@@ -49,3 +52,18 @@ def conversation_from_openai(conv: dict[str, Any], kwargs: dict[str, Any] | None
         template_kwargs_json=json.dumps(kwargs or {}),
         add_generation_prompt=conv.get("add_generation_prompt", True),
     )
+
+
+def run_parsers(reasoning: OutputParser | None, tools: OutputParser, pieces: Iterable[str]) -> list[Event]:
+    """Feed text ``pieces`` through a reasoning parser (if any) then the tool parser, as the pipeline does."""
+    events: list[Event] = []
+
+    def route(evs: list[Event]) -> None:
+        for e in evs:
+            events.extend(tools.feed(e.text) if isinstance(e, TextDelta) else [e])
+
+    for piece in pieces:
+        route(reasoning.feed(piece) if reasoning else [TextDelta(piece)])
+    route(reasoning.finish() if reasoning else [])
+    events += tools.finish()
+    return merge_deltas(events)

@@ -22,12 +22,12 @@ from services.parse.parsers.events import (
     ToolCallArgumentsDelta,
     ToolCallDispatch,
     ToolCallStart,
-    merge_deltas,
 )
 from services.parse.parsers.reasoning import REASONING_FORMATS
 from services.parse.parsers.registry import REASONING_PARSERS, TOOL_MARKERS, TOOL_PARSERS
 from services.parse.parsers.tool_core import ParserContext
 from tests.parse.families import FAMILIES, Call, Family, dumps
+from tests.parse.support import run_parsers
 
 R, T = ReasoningDelta, TextDelta
 SCHEMAS: dict[str, Any] = {
@@ -46,18 +46,7 @@ EMPTY: Call = ("noop", {})
 def run(fam: Family, pieces: Sequence[str], prompt: str = "") -> list[Event]:
     ids = (f"call_{i}" for i in itertools.count())
     ctx = ParserContext(prompt, lambda: next(ids), SCHEMAS)
-    reasoning, tools = REASONING_PARSERS[fam.reasoning_parser](ctx), TOOL_PARSERS[fam.tool_parser](ctx)
-    events: list[Event] = []
-
-    def route(evs: list[Event]) -> None:
-        for e in evs:
-            events.extend(tools.feed(e.text) if isinstance(e, TextDelta) else [e])
-
-    for piece in pieces:
-        route(reasoning.feed(piece))
-    route(reasoning.finish())
-    events += tools.finish()
-    return merge_deltas(events)
+    return run_parsers(REASONING_PARSERS[fam.reasoning_parser](ctx), TOOL_PARSERS[fam.tool_parser](ctx), pieces)
 
 
 def call_events(fam: Family, index: int, call: Call) -> list[Event]:

@@ -30,6 +30,7 @@ from services.parse.parsers.registry import (
     tool_parser_factory,
 )
 from services.parse.parsers.tool_core import ParserContext, new_tool_call_id
+from tests.parse.support import run_parsers
 
 DEMO = load_model_dir(None)
 R, T = ReasoningDelta, TextDelta
@@ -102,18 +103,7 @@ def run_tokens(prompt: str, chunks: Sequence[Sequence[int]]) -> list[Event]:
 def run_text(prompt: str, pieces: Sequence[str]) -> list[Event]:
     """The parsers alone on text pieces (markers are single demo tokens, so this is what splits them)."""
     ctx = dataclasses.replace(counter_ids(), prompt=prompt)
-    reasoning, tools = REASONING_PARSERS["qwen3"](ctx), TOOL_PARSERS["hermes"](ctx)
-    events: list[Event] = []
-
-    def route(evs: list[Event]) -> None:
-        for e in evs:
-            events.extend(tools.feed(e.text) if isinstance(e, TextDelta) else [e])
-
-    for piece in pieces:
-        route(reasoning.feed(piece))
-    route(reasoning.finish())
-    events += tools.finish()
-    return merge_deltas(events)
+    return run_parsers(REASONING_PARSERS["qwen3"](ctx), TOOL_PARSERS["hermes"](ctx), pieces)
 
 
 def random_chunks(items: Sequence[int] | str, seed: int) -> list[Sequence[int] | str]:

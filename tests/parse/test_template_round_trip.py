@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
 from services.parse.parsers.tool_core import ParserContext
 from services.parse.renderer import ChatTemplateRenderer
 from services.parse.replay import template_reads_reasoning
-from tests.parse.support import FIXED_NOW, SHARED_TEMPLATES
+from tests.parse.support import FIXED_NOW, SHARED_TEMPLATES, run_parsers
 
 # template family -> (reasoning parser or "", tool parser)
 PARSERS = {
@@ -74,15 +73,8 @@ def _render(renderer: ChatTemplateRenderer, messages: tuple[ChatMessage, ...], g
 def _parse(reasoning_name: str, tool_name: str, prompt: str, text: str) -> list[Event]:
     ids = (f"call_{i}" for i in itertools.count())
     ctx = ParserContext(prompt, lambda: next(ids), {"Bash": SCHEMA})
-    tools = TOOL_PARSERS[tool_name](ctx)
     reasoning = REASONING_PARSERS[reasoning_name](ctx) if reasoning_name else None
-    events: list[Event] = []
-    for piece in [*text, None]:
-        first = (reasoning.finish() if reasoning else []) if piece is None else (
-            reasoning.feed(piece) if reasoning else [TextDelta(piece)])
-        for e in first:
-            events.extend(tools.feed(e.text) if isinstance(e, TextDelta) else [e])
-    return events + tools.finish()
+    return run_parsers(reasoning, TOOL_PARSERS[tool_name](ctx), text)
 
 
 def _segments(events: list[Event]) -> list[tuple[str, Any]]:
@@ -110,7 +102,8 @@ def test_rendered_assistant_turn_parses_back_to_the_same_segments(family: str) -
     renderer = _renderer(family)
     prompt = _render(renderer, (USER,), True)
     full = _render(renderer, (USER, ChatMessage("assistant", TURN)), False)
-    common = os.path.commonprefix([prompt, full])
+    common = prompt[: next((i for i, (a, b) in enumerate(zip(prompt, full, strict=False)) if a != b),
+                           min(len(prompt), len(full)))]
     if common.rfind("<") > common.rfind(">"):
         common = common[: common.rfind("<")]  # never split a marker between prompt and turn
     assistant = full[len(common):]
