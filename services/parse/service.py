@@ -20,6 +20,7 @@ from services.parse import convert
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
 from services.parse.prefix_watch import PrefixWatch, session_key
+from services.parse.speculative import SpeculativePrefiller, TurnRecorder
 
 log = structlog.get_logger()
 
@@ -39,6 +40,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         self._router = router
         self._tracer = tracer or trace.get_tracer("harnessmesh.parse")
         self._created = int(time.time()) if created is None else created
+        self.speculative = SpeculativePrefiller(model_format, router)  # issue 5: speculative prefill hook
         self._prefix_watch = prefix_watch or PrefixWatch(model_format.decode)
 
     async def Chat(
@@ -60,6 +62,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         pipeline = self._format.output_pipeline(prompt.text, prompt.schemas)
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
             tracker = _SpanEvents(span)
+            spec_turn = TurnRecorder() if request.hints.speculative_prefill else None  # speculative prefill
+            spec_worker = ""
             watched = self._prefix_watch.begin(session_key(request.identity), prompt.token_ids)  # prefix-break report
             call = self._router.Generate(generate)
             sent = finished = False
@@ -80,6 +84,9 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                     if frame.finish_reason:
                         events += pipeline.finish()
                     tracker.observe(events)
+                    if spec_turn is not None:
+                        spec_turn.observe(events)
+                        spec_worker = spec_worker or (frame.prompt.worker_id if frame.HasField("prompt") else "")
                     batch.events.extend(convert.event_to_proto(e) for e in events)
                     if frame.finish_reason:
                         batch.events.extend(convert.finish_events(frame, tool_calls=pipeline.tool_calls))
@@ -105,6 +112,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                 return
             if watched is not None:
                 watched.commit()
+            if spec_turn is not None and spec_worker:
+                self.speculative.after_turn(request, spec_turn, request_id=request_id, worker_id=spec_worker)
             log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),
                      tool_calls=pipeline.tool_calls)
 

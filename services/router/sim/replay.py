@@ -93,13 +93,15 @@ class Replay:
             at, _, kind, payload = heapq.heappop(self._events)
             self.now = at
             if kind == "arrive":
-                rid, treq = payload  # type: ignore[misc]
-                self._arrive(rid, treq)
+                assert isinstance(payload, tuple)
+                rid, treq = payload
+                self._arrive(str(rid), treq)
             else:
                 self._step_done(str(payload))
         return summarise(list(self._records.values()), self.now)
 
-    def _arrive(self, rid: str, treq: TraceRequest) -> None:
+    def _arrive(self, rid: str, treq: object) -> None:
+        assert isinstance(treq, TraceRequest)
         tokens = treq.tokens()
         placement = self.router.place(tokens)
         best = placement.candidates[0]
