@@ -2,9 +2,10 @@
 
 A list of calls opening the output, or following another list (optionally inside
 ``<|python_start|>`` .. ``<|python_end|>``) is parsed call by call: ``ToolCallStart`` once ``name(``
-is read, and, the moment the call's ``)`` closes, its keyword arguments (Python literals) as one JSON arguments delta and the dispatch. Output
-that does not open with such a list is text. Recovery: a call whose arguments are not literals or
-that never closes is not dispatched; whatever follows a broken list is dropped.
+is read, and, the moment the call's ``)`` closes, its keyword arguments (Python literals) as one JSON
+arguments delta and the dispatch. Output that does not open with such a list is text. Recovery: a
+call whose arguments are not literals or that never closes is not dispatched; whatever follows a
+broken list is dropped.
 """
 
 from __future__ import annotations
