@@ -5,11 +5,22 @@ That is what keeps an agent's prompt append-only, so every turn's prefix is a ca
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 
-from services.parse.conversation import ChatMessage, Conversation, ReasoningPart, TextPart, ToolCallPart
+from services.parse.conversation import (
+    ChatMessage,
+    Conversation,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    to_template_input,
+)
 from services.parse.model_format import ModelFormat
 from services.parse.parsers.events import Event, ReasoningDelta, TextDelta, ToolCallDispatch
+from services.parse.replay import ReplayPolicy
+from services.parse.settings import ParseSettings
 from tests.parse.test_parsers import DEMO, pipeline
 
 COMPLETIONS = {
@@ -60,3 +71,53 @@ def test_parsed_turn_replays_byte_identically(name: str) -> None:
     follow_up = ChatMessage("user", (TextPart("thanks"),))
     replayed = fmt.render(Conversation(messages=(user, assistant, follow_up)))
     assert replayed.startswith(prompt + completion + "<|im_end|>\n")
+
+
+# -- the replay policy -------------------------------------------------------------------------------
+
+TURN = ChatMessage("assistant", (ReasoningPart("plan"), ToolCallPart("c1", "f", '{"a": 1}'), ReasoningPart("again"),
+                                 TextPart("done")))
+USER = ChatMessage("user", (TextPart("go"),))
+
+
+def test_auto_policy_passes_reasoning_only_to_templates_that_read_it() -> None:
+    assert ReplayPolicy.for_template("{{ m.reasoning_content }}").mode == "pass"
+    assert ReplayPolicy.for_template("{{ message.thinking }}").mode == "pass"
+    assert ReplayPolicy.for_template("{{ message.content }}").mode == "drop"
+    assert ReplayPolicy.for_template("{{ message.content }}", "reinsert").mode == "reinsert"
+    with pytest.raises(ValueError, match="valid: auto, pass, reinsert, drop"):
+        ReplayPolicy.for_template("", "sometimes")
+
+
+def test_reinsert_puts_reasoning_back_in_the_models_markers_in_place() -> None:
+    policy = ReplayPolicy(mode="reinsert", open="<think>\n", close="\n</think>\n\n", keep_history=True)
+    data = to_template_input(Conversation((USER, TURN, USER)), replay=policy)
+    assistant = data.messages[1]
+    assert assistant["content"] == "<think>\nplan\n</think>\n\n<think>\nagain\n</think>\n\ndone"
+    assert "reasoning_content" not in assistant
+    assert [s["type"] for s in assistant["segments"]] == ["text", "tool_call", "text", "text"]
+    assert data.kwargs == {"truncate_history_thinking": False}
+
+
+def test_truncate_history_thinking_per_request() -> None:
+    policy = ReplayPolicy(mode="reinsert", keep_history=True)
+    kwargs = '{"truncate_history_thinking": true}'
+    data = to_template_input(Conversation((USER, TURN, USER), template_kwargs_json=kwargs), replay=policy)
+    assert data.messages[1]["content"] == "done"  # earlier turn: reasoning dropped on request
+    assert data.kwargs == {"truncate_history_thinking": True}
+    dropped = to_template_input(Conversation((USER, TURN, USER)), replay=ReplayPolicy(mode="drop"))
+    assert "reasoning_content" not in dropped.messages[1] and dropped.messages[1]["content"] == "done"
+    assert dropped.kwargs == {}
+
+
+def test_with_a_reasoning_parser_history_is_kept_by_default() -> None:
+    assert ModelFormat(DEMO, reasoning_parser="qwen3").replay.keep_history
+    assert not ModelFormat(DEMO).replay.keep_history
+
+
+def test_template_now_pins_the_clock() -> None:
+    settings = ParseSettings(template_now="2026-01-15T09:30:00")
+    assert settings.template_clock() == datetime(2026, 1, 15, 9, 30)
+    assert ParseSettings().template_clock() is None
+    with pytest.raises(ValueError, match="not an ISO time"):
+        ParseSettings(template_now="tomorrow").validate()
