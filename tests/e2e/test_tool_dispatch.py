@@ -71,9 +71,10 @@ async def test_reasoning_and_calls_in_order_with_dispatch_before_the_end(dispatc
 
 async def test_the_openai_sdk_reads_the_same_stream(dispatch_mesh: RunningMesh) -> None:
     api = openai.AsyncOpenAI(base_url=dispatch_mesh.http + "/v1", api_key="sk-test", max_retries=0)
-    stream = await api.chat.completions.create(
-        model="demo", messages=MESSAGES, tools=[WEATHER_TOOL], stream=True)  # type: ignore[list-item]
-    reasoning, args, dispatches = "", {}, 0
+    tools: Any = [WEATHER_TOOL]
+    stream = await api.chat.completions.create(model="demo", messages=MESSAGES, tools=tools, stream=True)
+    reasoning, dispatches = "", 0
+    args: dict[int, str] = {}
     async for chunk in stream:
         dispatches += "tool_call_dispatch" in (chunk.model_extra or {})
         for choice in chunk.choices:
