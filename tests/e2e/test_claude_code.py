@@ -46,7 +46,7 @@ pytestmark = [
     pytest.mark.harness,
     pytest.mark.timeout(300),
     pytest.mark.skipif(os.environ.get("HARNESS_OFFLINE") != "1",
-                       reason="drives the real Claude Code CLI: run under shared/harnesses/offline.sh (as .ci/run does)"),
+                       reason="drives the real Claude Code CLI: run under shared/harnesses/offline.sh (.ci/run does)"),
 ]
 
 
