@@ -1,4 +1,4 @@
-"""Every recorded Responses request (``shared/harnesses/captures``) through the real mesh.
+"""Every recorded Responses request (``shared/harnesses/captures``), and the openai SDK, through the real mesh.
 
 Unlike ``tests/gateway/test_responses_replay.py`` this renders each request with the demo model's
 real chat template (developer messages, namespace and custom tools, replayed reasoning and
@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
+import openai
 import pytest
 
+from tests.e2e.conftest import WEATHER_TOOL
 from tests.gateway.test_responses_replay import _DROP_HEADERS, CASES, EVENTS, parse_sse
 from tests.support.mesh import RunningMesh, running_mesh
 
@@ -49,3 +52,29 @@ async def test_every_captured_request_streams_to_completion(replay_mesh: Running
             output = events[-1]["response"]["output"]
             assert [o["type"] for o in output] == ["reasoning", "message"], name
             assert output[1]["content"][0]["text"] == "Done."
+
+
+async def test_openai_sdk_tool_loop_with_previous_response_id(mesh: RunningMesh) -> None:
+    """The official SDK's typed stream through the real mesh: tool call, output, prefix-cached answer."""
+    client = openai.AsyncOpenAI(base_url=mesh.http + "/v1", api_key="sk-test", max_retries=0)
+    fn = WEATHER_TOOL["function"]
+    tools: Any = [{"type": "function", "name": fn["name"], "description": fn["description"],
+                   "parameters": fn["parameters"]}]
+    first = await client.responses.create(model="demo", instructions="You are a helpful assistant. " * 8,
+                                          input="What is the weather in Paris today?", tools=tools, stream=True)
+    events = [e async for e in first]
+    done: Any = events[-1]
+    assert done.type == "response.completed"
+    call = next(o for o in done.response.output if o.type == "function_call")
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris", "unit": "celsius"}
+    assert any(e.type == "response.reasoning_summary_text.delta" for e in events)
+
+    second = await client.responses.create(
+        model="demo", previous_response_id=done.response.id, tools=tools, stream=True,
+        instructions="You are a helpful assistant. " * 8,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "22 degrees, sunny"}],
+    )
+    final: Any = [e async for e in second][-1]
+    assert final.type == "response.completed"
+    assert "22 degrees" in final.response.output_text
+    assert final.response.usage.input_tokens_details.cached_tokens > 0
