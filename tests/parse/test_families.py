@@ -182,3 +182,18 @@ def test_kimi_k25_tool_section_ends_reasoning() -> None:
     fam = FAMILIES["kimi_k2"]
     text, events = calls_of(fam, [WEATHER])
     assert run(fam, ["<think>\nno closer " + text]) == [R("no closer "), *events]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_dispatch_fires_while_decoding_not_at_the_end(family: str) -> None:
+    """Every call is dispatched by ``feed`` — also in formats with no end marker — never only by ``finish``."""
+    fam = FAMILIES[family]
+    text, _ = calls_of(fam, [WEATHER, LYON])
+    ids = (f"call_{i}" for i in itertools.count())
+    ctx = ParserContext("", lambda: next(ids), SCHEMAS)
+    reasoning, tools = REASONING_PARSERS[fam.reasoning_parser](ctx), TOOL_PARSERS[fam.tool_parser](ctx)
+    fed: list[Event] = []
+    for c in text:
+        for e in reasoning.feed(c):
+            fed += tools.feed(e.text) if isinstance(e, TextDelta) else [e]
+    assert [e.index for e in fed if isinstance(e, ToolCallDispatch)] == [0, 1]
