@@ -94,14 +94,21 @@ class ModelFormat:
     def decode(self, token_ids: list[int]) -> str:
         return self.model_dir.tokenizer.decode(token_ids, skip_special_tokens=False)
 
-    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        """Raise ContextLengthError when the prompt plus ``max_tokens`` exceeds the context."""
-        if prompt_tokens + max_tokens > self.max_model_len or prompt_tokens >= self.max_model_len:
+    def fit_max_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
+        """``max_tokens`` reduced to the room the context leaves after the prompt (0 stays 0: engine default).
+
+        ``max_tokens`` is a cap, as harnesses use it (Claude Code asks for 32,000 whatever the model):
+        a prompt that fits is served, ending with finish reason ``length`` if it reaches the context's
+        end. Only a prompt that leaves no room for one output token is a ContextLengthError.
+        """
+        if prompt_tokens >= self.max_model_len:
             raise ContextLengthError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                f"{prompt_tokens} tokens and max_tokens is {max_tokens}",
+                f"prompt is too long: {prompt_tokens} tokens, and this model's maximum context length is "
+                f"{self.max_model_len} tokens",
                 param="messages",
             )
+        room = self.max_model_len - prompt_tokens
+        return min(max_tokens, room) if max_tokens > 0 else 0
 
     def output_pipeline(
         self, prompt_text: str, schemas: Mapping[str, Mapping[str, Any]] | None = None

@@ -122,7 +122,9 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             conversation = convert.conversation_from_proto(request)
             prompt = await asyncio.to_thread(self._format.build_prompt, conversation)
             span.set_attribute("prompt.tokens", len(prompt.token_ids))
-            self._format.check_fits(len(prompt.token_ids), request.sampling.max_tokens)
+            # The request travels on to the router as is: clamp its cap here, where the prompt is known.
+            sampling = request.sampling
+            sampling.max_tokens = self._format.fit_max_tokens(len(prompt.token_ids), sampling.max_tokens)
             return prompt
 
     async def Tokenize(

@@ -63,10 +63,10 @@ def cc_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
     tmp = tmp_path_factory.mktemp("cc-mesh")
     script = tmp / "script.jsonl"
     script.write_text("".join(json.dumps(line) + "\n" for line in SCRIPT))
-    # Claude Code asks for max_tokens=32000 on a ~27k-token prompt: give the demo model room for it.
+    # Claude Code asks for max_tokens=32000 on a ~27k-token prompt: the parse service clamps the cap to
+    # the room the demo model's 32,768-token context leaves.
     args = ["--workers", "1", "--speedup", "50", "--script", str(script), "--reasoning-parser", "qwen3",
-            "--tool-parser", "hermes", "--served-model-name", MODEL, "--block-size", "16",
-            "--max-model-len", "131072"]
+            "--tool-parser", "hermes", "--served-model-name", MODEL, "--block-size", "16"]
     with running_mesh(args, tmp / "mesh.log") as mesh:
         yield mesh
 

@@ -42,7 +42,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
     script.write_text("".join(json.dumps(line) + "\n" for line in SCRIPT))
     args = ["--workers", "1", "--speedup", "50", "--script", str(script), "--reasoning-parser", "qwen3",
             "--tool-parser", "hermes", "--served-model-name", MODEL, "--block-size", "16",
-            "--max-model-len", "262144", *[a for name in ALIASES for a in ("--model-alias", f"{name}={MODEL}")]]
+            *[a for name in ALIASES for a in ("--model-alias", f"{name}={MODEL}")]]
     with running_mesh(args, tmp / "mesh.log") as running:
         yield running
 
@@ -104,8 +104,15 @@ async def test_typed_errors_for_bad_input(mesh: RunningMesh) -> None:
         await api.messages.create(model=MODEL, max_tokens=0, messages=first_turn())  # type: ignore[arg-type]
     with pytest.raises(anthropic.NotFoundError):
         await api.messages.create(model="no-such-model", max_tokens=8, messages=first_turn())  # type: ignore[arg-type]
+    too_long = [{"role": "user", "content": "word " * 40000}]  # > the demo model's 32,768-token context
     with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
-        await api.messages.create(model=MODEL, max_tokens=262144, messages=first_turn())  # type: ignore[arg-type]
+        await api.messages.create(model=MODEL, max_tokens=8, messages=too_long)  # type: ignore[arg-type]
+
+
+async def test_max_tokens_is_a_cap_not_a_reason_to_refuse(mesh: RunningMesh) -> None:
+    # Claude Code asks for max_tokens=32000 whatever the model: a prompt that fits is served.
+    reply = await client(mesh).messages.create(model=MODEL, max_tokens=262144, messages=first_turn())  # type: ignore[arg-type]
+    assert reply.stop_reason in ("end_turn", "tool_use", "max_tokens")
 
 
 async def _two_turns(mesh: RunningMesh, session: str, headers: dict[str, str], cch: bool) -> None:

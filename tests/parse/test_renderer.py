@@ -159,3 +159,14 @@ def test_add_generation_prompt_unset_true_or_explicitly_false() -> None:
     assert not conversation_from_proto(explicit).add_generation_prompt
     continuing = chat_pb2.ChatRequest(messages=messages, continue_final_message=True)
     assert not conversation_from_proto(continuing).add_generation_prompt
+
+
+def test_max_tokens_is_clamped_to_the_room_left(demo: ModelFormat) -> None:
+    from services.common.errors import ContextLengthError
+
+    limit = demo.max_model_len
+    assert demo.fit_max_tokens(100, 32000) == min(32000, limit - 100)
+    assert demo.fit_max_tokens(100, 10) == 10
+    assert demo.fit_max_tokens(100, 0) == 0  # engine default
+    with pytest.raises(ContextLengthError, match="prompt is too long"):
+        demo.fit_max_tokens(limit, 1)

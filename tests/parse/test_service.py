@@ -169,8 +169,10 @@ async def test_error_before_first_frame_is_a_status(mesh: tuple[FakeRouter, Any,
 
 async def test_context_length_and_bad_requests(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
     router, stub, _ = mesh
+    long_prompt = chat_request()
+    long_prompt.messages[-1].parts[0].text = "word " * 5000  # the fixture's context is 4,096 tokens
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await collect(stub, chat_request(sampling=common_pb2.SamplingParams(max_tokens=5000)))
+        await collect(stub, long_prompt)
     assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await collect(stub, chat_request(chat_template_kwargs_json="{oops"))
@@ -180,6 +182,13 @@ async def test_context_length_and_bad_requests(mesh: tuple[FakeRouter, Any, Runn
         await collect(stub, chat_pb2.ChatRequest())
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert router.requests == []
+
+
+async def test_max_tokens_beyond_the_context_is_clamped(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    router, stub, _ = mesh
+    await collect(stub, chat_request(sampling=common_pb2.SamplingParams(max_tokens=5000)))
+    sent = router.requests[-1]
+    assert sent.sampling.max_tokens == 4096 - len(sent.token_ids)
 
 
 async def test_tokenize_detokenize_get_model(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
