@@ -16,17 +16,21 @@ from services.worker.settings import WorkerSettings
 def _mocker(settings: WorkerSettings, model: ModelDir) -> Engine:
     from services.worker.mocker import MockerConfig, MockerEngine
     from services.worker.mocker.script import Script
-    from services.worker.mocker.timing import TimingModel
+    from services.worker.mocker.timing import DynamoTiming, StepTiming, TimingModel
 
-    timing = TimingModel(
-        prefill_ms_base=settings.prefill_ms_base,
-        prefill_ms_per_token=settings.prefill_ms_per_token,
-        prefill_quadratic_us=settings.prefill_quadratic_us,
-        decode_ms_base=settings.decode_ms_base,
-        decode_ms_per_seq=settings.decode_ms_per_seq,
-        decode_us_per_block=settings.decode_us_per_block,
-        speedup=settings.speedup,
-    )
+    timing: StepTiming
+    if settings.timing_model == "dynamo":
+        timing = DynamoTiming(num_blocks=settings.num_blocks, speedup=settings.speedup)
+    else:
+        timing = TimingModel(
+            prefill_ms_base=settings.prefill_ms_base,
+            prefill_ms_per_token=settings.prefill_ms_per_token,
+            prefill_quadratic_us=settings.prefill_quadratic_us,
+            decode_ms_base=settings.decode_ms_base,
+            decode_ms_per_seq=settings.decode_ms_per_seq,
+            decode_us_per_block=settings.decode_us_per_block,
+            speedup=settings.speedup,
+        )
     config = MockerConfig(
         block_size=settings.block_size,
         num_blocks=settings.num_blocks,

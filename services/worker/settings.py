@@ -8,6 +8,7 @@ from services.common.service_settings import CommonSettings
 from services.common.settings import option
 
 ENGINE_NAMES = ("mocker", "torch", "trtllm")
+TIMING_MODELS = ("default", "dynamo")  # mocker step-time models (services/worker/mocker/timing.py)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class WorkerSettings(CommonSettings):
     max_num_batched_tokens: int = option(8192, "Token budget of one engine step (chunked prefill).")
     max_tokens_default: int = option(1024, "max_tokens when a request leaves it at 0.")
     speedup: float = option(1.0, "Mocker: divide every simulated step time by this factor.")
+    timing_model: str = option(
+        "default", "Mocker: step-time model. default: the prefill_*/decode_* coefficients below; dynamo: NVIDIA "
+        "Dynamo mocker's polynomials (the trace-replay simulator's model; ignores those coefficients).",
+        choices=TIMING_MODELS)
     script: str = option("", "Mocker: JSONL file of {\"match\": ..., \"completion\": ...} scripted completions.")
     seed: int = option(0, "Mocker: seed of the filler text generated when no script line matches.")
     prefill_ms_base: float = option(2.0, "Mocker timing: fixed ms of a step that prefills.")
@@ -58,6 +63,8 @@ class WorkerSettings(CommonSettings):
             raise ValueError("--free-gpu-memory-fraction must be in (0, 1]")
         if self.speedup <= 0:
             raise ValueError("--speedup must be positive")
+        if self.timing_model not in TIMING_MODELS:
+            raise ValueError(f"unknown timing model {self.timing_model!r}; valid: {', '.join(TIMING_MODELS)}")
         if self.heartbeat_interval <= 0:
             raise ValueError("--heartbeat-interval must be positive")
         if not 0 <= self.port < 65536:

@@ -9,13 +9,13 @@ import pytest
 
 from services.launcher.cli import main
 from services.router.sim.replay import ReplayConfig, replay
-from services.router.sim.timing import PolynomialTiming
 from services.router.sim.trace import TraceRequest, load_trace
 from services.router.sim.worker import SimWorkerConfig
+from services.worker.mocker.timing import DynamoTiming
 
 
 def test_dynamo_polynomials() -> None:
-    t = PolynomialTiming()
+    t = DynamoTiming()
     assert t.prefill_ms(1000) == pytest.approx(32.1058589)
     assert t.decode_ms(0.5) == pytest.approx(26.31)
     assert t.decode_ms(-1.0) == 1.0

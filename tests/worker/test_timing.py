@@ -2,7 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.mocker.timing import PrefillChunk, TimingModel
+from services.common.model_dir import load_model_dir
+from services.worker.mocker import MockerEngine
+from services.worker.mocker.timing import DynamoTiming, PrefillChunk, TimingModel
+from services.worker.registry import build_engine
+from services.worker.settings import WorkerSettings
 
 
 def test_prefill_monotonic_in_new_tokens() -> None:
@@ -51,3 +55,56 @@ def test_rejects_bad_coefficients() -> None:
         TimingModel(speedup=0)
     with pytest.raises(ValueError):
         TimingModel(decode_ms_base=-1)
+
+
+# -- --timing-model dynamo: Dynamo mocker's polynomials, shared with the trace-replay simulator ----------------
+
+
+def test_dynamo_formulas() -> None:
+    t = DynamoTiming(num_blocks=1000)
+    assert t.prefill_ms(1000) == pytest.approx(4.209989e-7 * 1000**2 + 0.01518344 * 1000 + 16.50142)
+    assert t.prefill_ms(8192) == pytest.approx(4.209989e-7 * 8192**2 + 0.01518344 * 8192 + 16.50142)
+    assert t.prefill_ms(0) == 0.0
+    assert t.decode_ms(0.0) == pytest.approx(5.74)
+    assert t.decode_ms(0.5) == pytest.approx(-25.74 * 0.25 + 54.01 * 0.5 + 5.74)
+    assert t.decode_ms(1.0) == pytest.approx(34.01)
+    assert t.decode_ms(-1.0) == 1.0  # floored at 1 ms (the parabola goes negative outside [0, 1])
+
+
+def test_dynamo_step_sums_prefill_tokens_and_decodes_once_at_utilisation() -> None:
+    t = DynamoTiming(num_blocks=1000)
+    chunks = [PrefillChunk(300, 5000), PrefillChunk(700, 700)]  # context is free: only new tokens count
+    assert t.step_ms(chunks, 0, 0.9) == pytest.approx(t.prefill_ms(1000))
+    assert t.step_ms(chunks, 12, 0.25) == pytest.approx(t.prefill_ms(1000) + t.decode_ms(0.25))
+    assert t.step_ms([], 1, 0.25) == t.step_ms([], 64, 0.25) == pytest.approx(t.decode_ms(0.25))
+    assert t.step_ms([], 0, 0.25) == 0.0
+    # the live engine passes active blocks; utilisation is over num_blocks
+    assert t.step_seconds(chunks, 3, 250) == pytest.approx(t.step_ms(chunks, 3, 0.25) / 1000)
+
+
+def test_dynamo_speedup_divides_both() -> None:
+    slow, fast = DynamoTiming(num_blocks=100), DynamoTiming(num_blocks=100, speedup=8)
+    for args in (([PrefillChunk(4000, 4000)], 0, 10), ([], 5, 60), ([PrefillChunk(10, 10)], 5, 60)):
+        assert fast.step_seconds(*args) == pytest.approx(slow.step_seconds(*args) / 8)
+    with pytest.raises(ValueError):
+        DynamoTiming(speedup=0)
+    with pytest.raises(ValueError):
+        DynamoTiming(num_blocks=0)
+
+
+def test_timing_model_option_selects_the_engine_model() -> None:
+    settings = WorkerSettings(timing_model="dynamo", num_blocks=512, speedup=4.0)
+    engine = build_engine(settings, load_model_dir(""))
+    assert isinstance(engine, MockerEngine)
+    assert engine.config.timing == DynamoTiming(num_blocks=512, speedup=4.0)
+    engine = build_engine(WorkerSettings(decode_ms_base=7.0), load_model_dir(""))
+    assert isinstance(engine, MockerEngine) and isinstance(engine.config.timing, TimingModel)
+    assert engine.config.timing.decode_ms_base == 7.0
+    with pytest.raises(ValueError, match="timing model"):
+        WorkerSettings(timing_model="vllm").validate()
+
+
+def test_simulator_and_mocker_share_one_timing_implementation() -> None:
+    from services.router.sim import replay, worker
+
+    assert replay.DynamoTiming is worker.DynamoTiming is DynamoTiming

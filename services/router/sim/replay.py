@@ -19,12 +19,12 @@ from services.router.policy import PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerRegistry
 from services.router.router import InFlight, Router
 from services.router.sim.metrics import ReplayResult, RequestRecord, summarise
-from services.router.sim.timing import PolynomialTiming
 from services.router.sim.trace import TraceRequest
 from services.router.sim.worker import SimWorker, SimWorkerConfig
 from services.worker import engine as eng
 from services.worker.mocker.request import MockRequest
 from services.worker.mocker.script import FillerVocabulary
+from services.worker.mocker.timing import DynamoTiming
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ReplayConfig:
     workers: int = 8
     mode: str = "kv"
     worker: SimWorkerConfig = field(default_factory=SimWorkerConfig)
-    timing: PolynomialTiming = field(default_factory=PolynomialTiming)
+    timing: DynamoTiming = field(default_factory=DynamoTiming)
     overlap_weight: float = 1.0
     temperature: float = 0.0
     speedup: float = 1.0

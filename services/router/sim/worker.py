@@ -9,16 +9,16 @@ arriving mid-step cannot see that step's blocks, as in Dynamo's mocker).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common.model_dir import ModelDir
-from services.router.sim.timing import PolynomialTiming
 from services.worker.engine import EngineRequest, KvEvent
 from services.worker.mocker.block_manager import BlockManager
 from services.worker.mocker.request import MockRequest
 from services.worker.mocker.scheduler import Scheduler, StepPlan
 from services.worker.mocker.script import FillerText, FillerVocabulary, TokenSource
 from services.worker.mocker.stops import StopStringMatcher
+from services.worker.mocker.timing import DynamoTiming
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,13 @@ class SimWorker:
     """One worker's engine core under simulated time (see module docstring)."""
 
     def __init__(
-        self, worker_id: str, config: SimWorkerConfig, timing: PolynomialTiming, model: ModelDir,
+        self, worker_id: str, config: SimWorkerConfig, timing: DynamoTiming, model: ModelDir,
         vocab: FillerVocabulary, on_events: Callable[[str, list[KvEvent]], None],
     ) -> None:
         self.worker_id = worker_id
         self.config = config
-        self._timing = timing
+        # the live mocker's exact call (``--timing-model dynamo``), on this worker's capacity
+        self._timing = replace(timing, num_blocks=config.num_blocks)
         self._model = model
         self._vocab = vocab
         self._on_events = on_events
@@ -69,8 +70,7 @@ class SimWorker:
             self.finished_early.extend(plan.finished)
             if plan.items:
                 self.plan = plan
-                utilisation = self.blocks.active_blocks / self.blocks.total_blocks
-                return self._timing.step_ms(plan.prefills, plan.decode_batch, utilisation)
+                return 1000.0 * self._timing.step_seconds(plan.prefills, plan.decode_batch, self.blocks.active_blocks)
             if not (plan.preempted or plan.finished):
                 break
         self.plan = None

@@ -30,7 +30,7 @@ from services.worker.mocker.request import MockRequest
 from services.worker.mocker.scheduler import Scheduler, StepPlan
 from services.worker.mocker.script import FillerText, FillerVocabulary, Script, TokenSource, filler_seed
 from services.worker.mocker.stops import StopStringMatcher
-from services.worker.mocker.timing import TimingModel
+from services.worker.mocker.timing import StepTiming, TimingModel
 
 log = structlog.get_logger()
 
@@ -45,7 +45,7 @@ class MockerConfig:
     max_num_batched_tokens: int = 8192
     max_tokens_default: int = 1024
     seed: int = 0
-    timing: TimingModel = field(default_factory=TimingModel)
+    timing: StepTiming = field(default_factory=TimingModel)  # or DynamoTiming (``--timing-model dynamo``)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):

@@ -11,12 +11,16 @@ Defaults resemble an 8B-class model on one H100-class GPU:
 
 A step that mixes chunks of prefill with decodes costs the sum (the prefill base once per step).
 ``speedup`` divides everything.
+
+:class:`DynamoTiming` is the other model (``--timing-model dynamo``): NVIDIA Dynamo mocker's polynomials,
+also the trace-replay simulator's model, so a live mesh of mockers and the simulator time steps identically.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -72,3 +76,56 @@ class TimingModel:
         ms += sum(self._prefill_tokens_ms(c.new_tokens, c.context_tokens) for c in chunks)
         ms += self.decode_ms(decode_batch, active_blocks)
         return ms / 1000.0 / self.speedup
+
+
+@dataclass(frozen=True)
+class DynamoTiming:
+    """Dynamo mocker's polynomial step-time model; the simulator's and ``--timing-model dynamo``'s (one code).
+
+    * prefill: ``4.209989e-7 * T**2 + 0.01518344 * T + 16.50142`` ms for ``T`` new tokens in the step
+      (summed over the step's prefill chunks; cached tokens cost nothing);
+    * decode: ``max(1, -25.74 * u**2 + 54.01 * u + 5.74)`` ms with ``u`` the KV utilisation
+      (active blocks / ``num_blocks``), added once if any request decodes in the step.
+
+    ``speedup`` divides both (:meth:`step_seconds`; :meth:`step_ms` is unscaled, the simulator's clock).
+    """
+
+    prefill: tuple[float, float, float] = (16.50142, 0.01518344, 4.209989e-7)  # a + b*T + c*T^2
+    decode: tuple[float, float, float] = (5.74, 54.01, -25.74)  # d + e*u + f*u^2
+    num_blocks: int = 16384
+    speedup: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.speedup <= 0:
+            raise ValueError("speedup must be positive")
+        if self.num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+
+    def prefill_ms(self, new_tokens: int) -> float:
+        """Unscaled time to prefill ``new_tokens`` tokens in one step (0 for none)."""
+        if new_tokens <= 0:
+            return 0.0
+        a, b, c = self.prefill
+        return a + b * new_tokens + c * new_tokens * new_tokens
+
+    def decode_ms(self, utilisation: float) -> float:
+        """Unscaled time of one decode step at KV utilisation ``utilisation`` (floored at 1 ms)."""
+        d, e, f = self.decode
+        return max(1.0, d + e * utilisation + f * utilisation * utilisation)
+
+    def step_ms(self, prefills: Sequence[PrefillChunk], decode_batch: int, utilisation: float) -> float:
+        """Unscaled time of one step: its prefill plus, if anything decodes, one decode."""
+        ms = self.prefill_ms(sum(c.new_tokens for c in prefills))
+        if decode_batch > 0:
+            ms += self.decode_ms(utilisation)
+        return ms
+
+    def step_seconds(self, prefills: Sequence[PrefillChunk], decode_batch: int, active_blocks: int) -> float:
+        """Wall time of one step, ``speedup`` applied (the live mocker's clock)."""
+        return self.step_ms(prefills, decode_batch, active_blocks / self.num_blocks) / 1000.0 / self.speedup
+
+
+class StepTiming(Protocol):
+    """What the mocker's step loop needs of a timing model."""
+
+    def step_seconds(self, prefills: Sequence[PrefillChunk], decode_batch: int, active_blocks: int) -> float: ...
