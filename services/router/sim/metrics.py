@@ -19,6 +19,7 @@ class RequestRecord:
     finish_ms: float | None = None
     output_tokens: int = 0
     cached_tokens: int = 0
+    error: str = ""  # live replay: the in-band error that ended the stream
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,10 @@ class ReplayResult:
     tpot_ms: dict[str, float]
     throughput_tok_s: float
     duration_s: float
+    failed: int = 0  # requests that ended in an error (live replay only)
 
     def as_json(self) -> dict[str, Any]:
-        return {"requests": self.requests, "prefix_reuse": round(self.prefix_reuse, 4),
+        return {"requests": self.requests, "failed": self.failed, "prefix_reuse": round(self.prefix_reuse, 4),
                 "ttft_ms": {k: round(v, 2) for k, v in self.ttft_ms.items()},
                 "tpot_ms": {k: round(v, 3) for k, v in self.tpot_ms.items()},
                 "throughput_tok_s": round(self.throughput_tok_s, 1), "duration_s": round(self.duration_s, 2)}
@@ -64,4 +66,5 @@ def summarise(records: list[RequestRecord], end_ms: float) -> ReplayResult:
                  "p99": percentile(tpot, 99)},
         throughput_tok_s=output / duration if duration > 0 else 0.0,
         duration_s=duration,
+        failed=sum(1 for r in records if r.error),
     )
