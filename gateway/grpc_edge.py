@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 
+from gateway.identity import resolve_identity
 from gateway.parse_client import ParseClient
 from services.api import chat_pb2, chat_pb2_grpc
 from services.common import errors
@@ -18,8 +19,9 @@ log = structlog.get_logger()
 class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
     """``AgentService``: the canonical conversation in, the parse service's batches out unchanged.
 
-    Errors before the first frame end the RPC with the category's status; after it they are sent
-    in-band as an ``error`` event. A cancelled RPC cancels the parse call.
+    The identity follows ``gateway.identity``: the request's own ``Identity`` first, then call metadata
+    (the same headers as HTTP), else a fresh session. Errors before the first frame end the RPC with
+    the category's status; after it they are sent in-band as an ``error`` event. A cancelled RPC cancels the parse call.
     """
 
     def __init__(self, parse: ParseClient) -> None:
@@ -36,8 +38,7 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
             forward = chat_pb2.ChatRequest()
             forward.CopyFrom(request)
             forward.model = info.served_model_name
-            if not forward.identity.harness:
-                forward.identity.harness = _harness_from_metadata(context)
+            forward.identity.CopyFrom(resolve_identity(_metadata(context), request.identity))
             async with contextlib.aclosing(self._parse.chat(forward)) as stream:
                 async for batch in stream:
                     sent = True
@@ -65,8 +66,7 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
         return reply
 
 
-def _harness_from_metadata(context: Any) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == "x-harnessmesh-harness":
-            return str(value)
-    return ""
+def _metadata(context: Any) -> dict[str, str]:
+    """Text metadata of the call as lower-case "headers" (identity falls back on them, like HTTP)."""
+    return {str(key).lower(): str(value) for key, value in context.invocation_metadata() or ()
+            if not str(key).endswith("-bin")}

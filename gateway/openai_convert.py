@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from gateway.identity import resolve_identity
 from gateway.openai_models import (
     AgentContextIn,
     AgentHintsIn,
@@ -20,29 +21,6 @@ from gateway.openai_models import (
 )
 from services.api import chat_pb2, common_pb2
 from services.common.errors import InvalidRequestError
-
-# (User-Agent substring, harness name); first match wins.
-_HARNESSES: tuple[tuple[str, str], ...] = (
-    ("claude-cli", "claude-code"),
-    ("claude-code", "claude-code"),
-    ("codex", "codex"),
-    ("opencode", "opencode"),
-    ("openai/python", "openai-python"),
-    ("anthropic/python", "anthropic-python"),
-    ("openai/js", "openai-node"),
-    ("anthropic/js", "anthropic-node"),
-)
-
-
-def harness_name(user_agent: str) -> str:
-    """A short harness name from a User-Agent (``OpenAI/Python 3.54.0`` -> ``openai-python``)."""
-    lowered = user_agent.strip().lower()
-    if not lowered:
-        return ""
-    for needle, name in _HARNESSES:
-        if needle in lowered:
-            return name
-    return lowered.split()[0].split("/")[0]
 
 
 def _content_text(content: str | list[ContentPart] | None, param: str) -> str:
@@ -136,16 +114,11 @@ def _header_bool(headers: Mapping[str, str], name: str) -> bool | None:
 
 
 def identity_and_hints(
-    headers: Mapping[str, str], context: AgentContextIn | None, hints: AgentHintsIn | None
+    headers: Mapping[str, str], context: AgentContextIn | None, hints: AgentHintsIn | None, *,
+    user_id: str | None = None, prompt_cache_key: str | None = None,
 ) -> tuple[common_pb2.Identity, common_pb2.AgentHints]:
-    """``nvext`` fields win over the ``x-*`` headers; the harness name comes from the User-Agent."""
-    ctx = context or AgentContextIn()
-    identity = common_pb2.Identity(
-        session_id=ctx.session_id or headers.get("x-session-id", ""),
-        trajectory_id=ctx.trajectory_id or headers.get("x-trajectory-id", ""),
-        parent_session_id=ctx.parent_session_id or headers.get("x-parent-session-id", ""),
-        harness=headers.get("x-harnessmesh-harness") or harness_name(headers.get("user-agent", "")),
-    )
+    """Identity by ``gateway.identity``'s precedence; ``nvext.agent_hints`` win over the ``x-harnessmesh-*`` headers."""
+    identity = resolve_identity(headers, context, user_id=user_id, prompt_cache_key=prompt_cache_key)
     h = hints or AgentHintsIn()
     priority = h.priority if h.priority is not None else _header_int(headers, "x-harnessmesh-priority")
     osl = h.osl if h.osl is not None else _header_int(headers, "x-harnessmesh-osl")

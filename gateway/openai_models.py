@@ -90,9 +90,11 @@ class AgentHintsIn(_Loose):
 class AgentContextIn(_Loose):
     """``nvext.agent_context``: who the request belongs to."""
 
+    session_type_id: str | None = None
     session_id: str | None = None
     trajectory_id: str | None = None
     parent_session_id: str | None = None
+    parent_trajectory_id: str | None = None
 
 
 class NvExt(_Loose):

@@ -42,27 +42,6 @@ from services.common.errors import InvalidRequestError
 
 TRUNCATE_KWARG = "truncate_history_thinking"  # the parse service's reasoning-history template kwarg
 STRIP_HEADER = "x-harnessmesh-strip-anthropic-preamble"  # per-request override of --strip-anthropic-preamble
-_SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "thread-id", "session-id")
-
-
-def session_id(headers: Mapping[str, str], user_id: str | None) -> str:
-    """The session: ``X-Claude-Code-Session-Id``, ``x-session-id``, Codex ``thread-id``, or ``metadata.user_id``'s."""
-    for name in _SESSION_HEADERS:
-        if headers.get(name):
-            return headers[name]
-    if not user_id:
-        return ""
-    try:
-        parsed = json.loads(user_id)
-    except json.JSONDecodeError:
-        parsed = None
-    if isinstance(parsed, dict) and isinstance(parsed.get("session_id"), str):
-        return str(parsed["session_id"])
-    if "_session_" in user_id:  # older Claude Code: user_<hash>_account_<uuid>_session_<uuid>
-        return user_id.rsplit("_session_", 1)[1]
-    return ""
-
-
 def strip_preamble(headers: Mapping[str, str], default: bool) -> bool:
     raw = headers.get(STRIP_HEADER, "").strip().lower()
     if not raw:
@@ -234,8 +213,8 @@ def chat_request(
 ) -> chat_pb2.ChatRequest:
     """The canonical request for a Messages (or count_tokens) body."""
     tools = convert_tools(body.tools)
-    identity, hints = identity_and_hints(headers, None, None)
-    identity.session_id = session_id(headers, body.metadata.user_id if body.metadata else None)
+    identity, hints = identity_and_hints(headers, None, None,
+                                         user_id=body.metadata.user_id if body.metadata else None)
     sampling = common_pb2.SamplingParams()
     if isinstance(body, MessagesRequest):
         sampling.max_tokens = body.max_tokens

@@ -250,21 +250,6 @@ def _tool_choice(body: ResponsesRequest, tools: Sequence[chat_pb2.Tool]) -> chat
     return chat_pb2.ToolChoice(mode="auto")  # allowed_tools, built-in tool types: the model decides
 
 
-def codex_identity(headers: Mapping[str, str]) -> dict[str, str]:
-    """Codex's ``thread-id`` / ``x-codex-parent-thread-id`` as session and trajectory headers.
-
-    A sub-agent thread is a trajectory of its parent's session; a top-level thread is both.
-    Explicit ``x-session-id`` / ``x-trajectory-id`` headers (and ``nvext``) still win.
-    """
-    thread = headers.get("thread-id") or headers.get("session-id") or ""
-    parent = headers.get("x-codex-parent-thread-id") or ""
-    mapped = dict(headers.items())
-    if thread or parent:
-        mapped.setdefault("x-session-id", parent or thread)
-        mapped.setdefault("x-trajectory-id", thread or parent)
-    return mapped
-
-
 def template_kwargs(body: ResponsesRequest) -> dict[str, Any]:
     """Chat-template variables from ``reasoning.effort`` (``none`` turns thinking off)."""
     effort = body.reasoning.effort if body.reasoning else None
@@ -302,10 +287,9 @@ def chat_request(
         sampling.top_p = body.top_p
     nvext = body.nvext
     identity, hints = identity_and_hints(
-        codex_identity(headers), nvext.agent_context if nvext else None, nvext.agent_hints if nvext else None
+        headers, nvext.agent_context if nvext else None, nvext.agent_hints if nvext else None,
+        prompt_cache_key=body.prompt_cache_key,
     )
-    if not identity.session_id and body.prompt_cache_key:
-        identity.session_id = body.prompt_cache_key
     kwargs = template_kwargs(body)
     chat = chat_pb2.ChatRequest(
         request_id=request_id,

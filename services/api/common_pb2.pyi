@@ -101,6 +101,8 @@ class Identity(_message.Message):
     TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
     PARENT_SESSION_ID_FIELD_NUMBER: _builtins.int
     HARNESS_FIELD_NUMBER: _builtins.int
+    SESSION_TYPE_ID_FIELD_NUMBER: _builtins.int
+    PARENT_TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """one agent session (a conversation with a harness)"""
     trajectory_id: _builtins.str
@@ -109,6 +111,10 @@ class Identity(_message.Message):
     """the session that spawned this one, if any"""
     harness: _builtins.str
     """e.g. "claude-code", "codex", "openai-python" """
+    session_type_id: _builtins.str
+    """workload class (nvext.agent_context.session_type_id), e.g. "coding_agent" """
+    parent_trajectory_id: _builtins.str
+    """the trajectory that spawned this one (a sub-agent's parent)"""
     def __init__(
         self,
         *,
@@ -116,10 +122,12 @@ class Identity(_message.Message):
         trajectory_id: _builtins.str = ...,
         parent_session_id: _builtins.str = ...,
         harness: _builtins.str = ...,
+        session_type_id: _builtins.str = ...,
+        parent_trajectory_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["harness", b"harness", "parent_session_id", b"parent_session_id", "session_id", b"session_id", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["harness", b"harness", "parent_session_id", b"parent_session_id", "parent_trajectory_id", b"parent_trajectory_id", "session_id", b"session_id", "session_type_id", b"session_type_id", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

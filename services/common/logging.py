@@ -1,4 +1,9 @@
-"""structlog set up once per process: JSON lines to stderr, correlated with the current trace."""
+"""structlog set up once per process: JSON lines to stderr, correlated with the current trace.
+
+Every line logged while a request is current carries ``trace_id``/``span_id`` and the request's
+identity (``session_id``, ``trajectory_id``, ``harness``): from the baggage that crossed the gRPC hop,
+or from the current span's attributes (the gateway's root span, before any baggage exists).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,23 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 
+from services.common.tracing import IDENTITY_KEYS, current_identity
+
+_LOG_NAMES = {"session.id": "session_id", "trajectory.id": "trajectory_id", "harness.name": "harness"}
+
 
 def _add_trace_ids(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    ctx = trace.get_current_span().get_span_context()
+    span = trace.get_current_span()
+    ctx = span.get_span_context()
     if ctx.is_valid:
         event_dict["trace_id"] = format(ctx.trace_id, "032x")
         event_dict["span_id"] = format(ctx.span_id, "016x")
+    identity = current_identity()
+    if len(identity) < len(IDENTITY_KEYS):
+        attrs = getattr(span, "attributes", None) or {}
+        identity = {key: str(attrs[key]) for key in IDENTITY_KEYS if key in attrs} | identity
+    for key, value in identity.items():
+        event_dict.setdefault(_LOG_NAMES[key], value)
     return event_dict
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.anthropic.convert import chat_request, session_id, strip_preamble
+from gateway.anthropic.convert import chat_request, strip_preamble
 from gateway.anthropic.models import MessagesRequest
 from services.api import chat_pb2
 from services.common.errors import InvalidRequestError
@@ -124,14 +124,6 @@ def test_bad_tool_choice_names_the_field() -> None:
         convert({"messages": [{"role": "user", "content": "hi"}], "tools": [BASH],
                  "tool_choice": {"type": "tool", "name": "Nope"}})
     assert info.value.param == "tool_choice.name"
-
-
-def test_session_id_sources() -> None:
-    assert session_id({"x-claude-code-session-id": "cc"}, None) == "cc"
-    assert session_id({"thread-id": "codex"}, None) == "codex"
-    assert session_id({}, json.dumps({"session_id": "meta"})) == "meta"
-    assert session_id({}, "user_abc_account_x_session_123") == "123"
-    assert session_id({}, "plain-user") == ""
 
 
 def test_strip_default_and_header_override() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.responses.convert import ToolTable, chat_request, codex_identity
+from gateway.responses.convert import ToolTable, chat_request
 from gateway.responses.events import ResponseEncoder
 from gateway.responses.models import ResponsesRequest
 from gateway.responses.reasoning_codec import decode_reasoning, encode_reasoning
@@ -95,8 +95,8 @@ def test_codex_thread_headers_map_to_session_and_trajectory() -> None:
     assert (top.session_id, top.trajectory_id, top.harness) == ("T1", "T1", "codex")
     sub = convert({"input": "hi"}, {"thread-id": "T2", "x-codex-parent-thread-id": "T1"}).chat.identity
     assert (sub.session_id, sub.trajectory_id) == ("T1", "T2")
-    explicit = codex_identity({"thread-id": "T2", "x-session-id": "S"})
-    assert explicit["x-session-id"] == "S" and explicit["x-trajectory-id"] == "T2"
+    explicit = convert({"input": "hi"}, {"thread-id": "T2", "x-session-id": "S"}).chat.identity
+    assert (explicit.session_id, explicit.trajectory_id) == ("S", "T2")
     keyed = convert({"input": "hi", "prompt_cache_key": "K"}).chat.identity
     assert keyed.session_id == "K"
 
