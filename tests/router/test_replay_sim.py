@@ -56,3 +56,19 @@ def test_replay_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) >= {"prefix_reuse", "ttft_ms", "tpot_ms", "throughput_tok_s"}
     assert set(out["ttft_ms"]) == {"mean", "p50", "p90", "p99"} and set(out["tpot_ms"]) == {"mean", "p50", "p99"}
+
+
+def test_synthetic_tokens_are_uint32_and_padding_never_collides() -> None:
+    from services.api import worker_pb2
+
+    short = TraceRequest(0, 1200, 1, (0, 1))  # hash ids cover 1024 tokens: 176 tokens of tail
+    tokens = short.tokens()
+    assert len(tokens) == 1200 and tokens[:1024] == list(range(1024))
+    tail = set(tokens[1024:])
+    assert len(tail) == 176 and min(tail) >= 1 << 31 and max(tail) < 1 << 32
+    assert tokens == short.tokens()  # deterministic: the simulator and the live replay agree
+    assert set(TraceRequest(0, 1200, 1, (0, 2)).tokens()[1024:]).isdisjoint(tail)
+    # what the live replay sends is exactly what the simulator hashes
+    assert list(worker_pb2.GenerateRequest(token_ids=tokens).token_ids) == tokens
+    with pytest.raises(ValueError, match="out of range"):
+        TraceRequest(0, 10, 1, (1 << 22,)).tokens()

@@ -2,16 +2,19 @@
 
 Each hash id stands for one 512-token block and names its whole prefix, so tokens are synthesised per
 hash id (equal ids give equal tokens, different ids never collide) and the last block is cut to
-``input_length``.
+``input_length``. The simulator and the live replay send the same tokens (:meth:`TraceRequest.tokens`).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
 TRACE_BLOCK = 512
+TOKEN_SPACE = 1 << 31  # block tokens live below, padding tails above (token ids are uint32)
 
 
 @dataclass(frozen=True)
@@ -24,15 +27,22 @@ class TraceRequest:
     hash_ids: tuple[int, ...]
 
     def tokens(self, trace_block: int = TRACE_BLOCK) -> list[int]:
-        """The synthesised prompt: block ``h`` is ``h * trace_block ... h * trace_block + trace_block - 1``."""
+        """The synthesised prompt, the same in the simulator and the live replay (valid uint32 token ids).
+
+        Block ``h`` is ``h * trace_block ... h * trace_block + trace_block - 1`` (all below 2**31). Should the
+        hash ids cover less than ``input_length``, the rest is a tail from ``[2**31, 2**32)`` keyed by the hash
+        ids, so it never equals any block's tokens.
+        """
         out: list[int] = []
         for h in self.hash_ids:
+            if not 0 <= h < TOKEN_SPACE // trace_block:
+                raise ValueError(f"hash id {h} out of range 0..{TOKEN_SPACE // trace_block - 1}")
             out.extend(range(h * trace_block, (h + 1) * trace_block))
             if len(out) >= self.input_length:
                 break
-        if len(out) < self.input_length:  # hash ids cover less than input_length: pad with a private tail
-            tail = (len(self.hash_ids) + 1) << 40
-            out.extend((tail + i) & 0xFFFFFFFF for i in range(self.input_length - len(out)))
+        if len(out) < self.input_length:
+            start = zlib.crc32(array("Q", self.hash_ids).tobytes())
+            out.extend(TOKEN_SPACE + (start + i) % TOKEN_SPACE for i in range(self.input_length - len(out)))
         return out[: self.input_length]
 
 

@@ -191,12 +191,17 @@ class MockerEngine:
             self.scheduler.remove(req)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        step_start: float | None = None  # when the running step began (None: idle)
         try:
             while not self._closed:
                 if not self.scheduler.has_work:
                     self._wakeup.clear()
                     await self._wakeup.wait()
+                    step_start = None
                     continue
+                if step_start is None:
+                    step_start = loop.time()
                 plan = self.scheduler.schedule()
                 for req in plan.finished:
                     self._release(req)
@@ -208,9 +213,15 @@ class MockerEngine:
                     # a request arrives or leaves.
                     self._wakeup.clear()
                     await self._wakeup.wait()
+                    step_start = None
                     continue
-                await asyncio.sleep(self.config.timing.step_seconds(
-                    plan.prefills, plan.decode_batch, self.blocks.active_blocks))
+                # A step lasts its modelled time, of which the CPU work since the previous step was due to
+                # end (delivering its tokens, a late wake-up, scheduling this one) is a part: the clock then
+                # follows the model at any --speedup until the CPU work alone exceeds a step.
+                modelled = self.config.timing.step_seconds(plan.prefills, plan.decode_batch, self.blocks.active_blocks)
+                deadline = max(step_start + modelled, loop.time())
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                step_start = deadline
                 self.steps += 1
                 self._deliver(plan)
         except asyncio.CancelledError:
