@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from opentelemetry import trace
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,6 +18,7 @@ from gateway.anthropic import anthropic_routes
 from gateway.anthropic import errors as anthropic_errors
 from gateway.catalog import ModelCatalog
 from gateway.errors import error_response, from_validation_error
+from gateway.metrics import GatewayMetrics
 from gateway.models_api import ModelsApi
 from gateway.openai_chat import ChatCompletions
 from gateway.parse_client import ParseClient
@@ -24,17 +26,22 @@ from gateway.responses.api import ResponsesApi
 from gateway.responses.store import ResponseStore
 from gateway.settings import GatewaySettings
 from gateway.tokenize_api import TokenizeApi
+from gateway.turns import API
 from services.common import errors
 
-# Paths open without an API key (probes).
-_PUBLIC_PATHS = frozenset({"/health", "/ready"})
+# Paths open without an API key (probes, the Prometheus scrape).
+_PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
+_UNTRACED_PATHS = frozenset({"/health", "/ready", "/metrics"})
+# The API label of each chat route (metrics, trace records); the gRPC edge is API's default.
+_APIS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/v1/responses": "responses"}
 
 
 class RequestSpanMiddleware:
     """A root ``gateway.request`` span per HTTP request, current for the whole response.
 
-    Handlers add model/session/trajectory/harness attributes; the gRPC client interceptor
-    propagates the span to the parse service.
+    The turn tracker (``gateway/turns.py``, behind ``ParseClient.chat``) adds identity, ``gen_ai.*``
+    and usage attributes; the gRPC client interceptor propagates the span to the parse service.
+    Probes and ``/metrics`` are not traced.
     """
 
     def __init__(self, app: ASGIApp, tracer: trace.Tracer) -> None:
@@ -42,10 +49,11 @@ class RequestSpanMiddleware:
         self.tracer = tracer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in _UNTRACED_PATHS:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
+        API.set(_APIS.get(path, "http"))
         route = "/v1/models/{model_id}" if path.startswith("/v1/models/") else path
         status = 0
 
@@ -112,8 +120,18 @@ async def _on_not_found(request: Request, exc: Exception) -> Response:
     return _api_error(request, errors.NotFoundError(f"{request.url.path} is not a route of this server"))
 
 
-def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Tracer | None = None) -> Starlette:
-    """The gateway's HTTP app over ``parse``; ``tracer`` defaults to the global provider's."""
+def _metrics_endpoint(metrics: GatewayMetrics) -> Callable[[Request], Awaitable[Response]]:
+    async def scrape(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return scrape
+
+
+def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Tracer | None = None,
+               metrics: GatewayMetrics | None = None) -> Starlette:
+    """The gateway's HTTP app over ``parse``; ``tracer`` defaults to the global provider's.
+
+    With ``metrics``, ``GET /metrics`` serves them in Prometheus' text format.
+    """
     catalog = ModelCatalog.load(settings.model_catalog) if settings.model_catalog else ModelCatalog()
     models = ModelsApi(parse, catalog)
     responses = ResponsesApi(parse, ResponseStore(settings.responses_store_size, settings.responses_store_ttl))
@@ -129,6 +147,8 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
         Route("/tokenize", tokenize.tokenize, methods=["POST"]),
         Route("/detokenize", tokenize.detokenize, methods=["POST"]),
     ]
+    if metrics is not None:
+        routes.append(Route("/metrics", _metrics_endpoint(metrics), methods=["GET"]))
     if settings.enable_anthropic_api:
         routes.extend(anthropic_routes(parse, settings))
     app = Starlette(

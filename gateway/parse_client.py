@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncGenerator, Mapping
 
 import grpc
 
+from gateway.turns import TurnTracker
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
 from services.common import errors
 
@@ -15,7 +17,8 @@ class ParseClient:
     """Wraps ``Parse`` over one channel. Every failure surfaces as a ``MeshError``.
 
     ``chat`` is an async generator: close it (``contextlib.aclosing``) and the gRPC call is
-    cancelled, so a client that goes away cancels the request all the way to the worker.
+    cancelled, so a client that goes away cancels the request all the way to the worker. With a
+    ``turns`` tracker every chat is observed as an agent turn (spans, metrics, trace records).
     """
 
     def __init__(
@@ -27,8 +30,10 @@ class ParseClient:
         model_ttl: float = 5.0,
         served_model_name: str = "",
         aliases: Mapping[str, str] | None = None,
+        turns: TurnTracker | None = None,
     ) -> None:
         self._stub = parse_pb2_grpc.ParseStub(channel)
+        self.turns = turns
         self._timeout = timeout
         self._probe_timeout = probe_timeout
         self._model_ttl = model_ttl
@@ -39,18 +44,27 @@ class ParseClient:
 
     async def chat(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
         """Stream the parse service's event batches for ``request``."""
-        call = self._stub.Chat(request, timeout=self._timeout)
+        turn = self.turns.begin(request) if self.turns is not None else None
+        with turn.attached() if turn is not None else contextlib.nullcontext():
+            call = self._stub.Chat(request, timeout=self._timeout)
+        outcome = "cancelled"
         try:
             while True:
                 batch = await call.read()
                 if batch is grpc.aio.EOF:
+                    outcome = "ok"
                     return
                 assert isinstance(batch, chat_pb2.ChatEventBatch)
+                if turn is not None:
+                    turn.observe(batch)
                 yield batch
         except grpc.aio.AioRpcError as exc:
+            outcome = "error"
             raise errors.from_rpc_error(exc) from exc
         finally:
             call.cancel()
+            if turn is not None:
+                turn.end(outcome)
 
     async def get_model(self, *, fresh: bool = False) -> chat_pb2.ModelInfo:
         """The parse service's model info, cached for a few seconds."""

@@ -12,10 +12,14 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.grpc_edge import AgentServicer
+from gateway.metrics import GatewayMetrics
 from gateway.parse_client import ParseClient
 from gateway.settings import GatewaySettings
+from gateway.trace_records import TraceRecordSink
+from gateway.turns import TurnTracker
 from services.api import chat_pb2_grpc
 from services.common.grpc_util import GrpcServer, open_channel
+from services.common.metrics import MetricsServer, serve_metrics
 from services.common.tracing import Tracing
 
 log = structlog.get_logger()
@@ -50,11 +54,15 @@ class Gateway:
         self.settings = settings
         self._tracing = tracing
         self._channel = open_channel(settings.parse_address, tracing)
+        self.metrics = GatewayMetrics()
+        self.records = TraceRecordSink(settings.trace_records) if settings.trace_records else None
+        tracer = tracing.tracer if tracing is not None else None
         self.parse = ParseClient(
             self._channel, timeout=settings.request_timeout, served_model_name=settings.served_model_name,
-            aliases=settings.model_aliases(),
+            aliases=settings.model_aliases(), turns=TurnTracker(tracer, self.metrics, self.records),
         )
-        self.app = create_app(self.parse, settings, tracing.tracer if tracing is not None else None)
+        self.app = create_app(self.parse, settings, tracer, self.metrics)
+        self._metrics_server: MetricsServer | None = None
         self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port)
         chat_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.parse), self._grpc.server)
         self._sock = _bind(settings.host, settings.http_port)
@@ -79,6 +87,7 @@ class Gateway:
         return self._grpc.address
 
     async def start(self) -> None:
+        self._metrics_server = serve_metrics(self.metrics.registry, self.settings.host, self.settings.metrics_port)
         await self._grpc.start()
         self._http_task = asyncio.create_task(self._http.serve(sockets=[self._sock]))
         while not self._http.started:
@@ -97,6 +106,10 @@ class Gateway:
             self._sock.close()
         await self._grpc.stop(grace=1.0)
         await self._channel.close()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+        if self.records is not None:
+            self.records.close()
         log.info("gateway.stopped")
 
 

@@ -46,6 +46,10 @@ class GatewaySettings(CommonSettings):
     responses_store_size: int = option(
         1024, "Responses kept in memory for previous_response_id (least recently used dropped; 0: none).")
     responses_store_ttl: float = option(3600.0, "Seconds a stored response is kept after its last use.")
+    trace_records: str = option(
+        "", "Write one JSON line per request (timing, tokens, cached tokens, worker, tool-call ids and names; never "
+        "prompt text or arguments) to FILE; a .gz name writes gzip. Empty: off. See gateway/trace_records.py.",
+        metavar="FILE")
 
     def model_aliases(self) -> dict[str, str]:
         """``--model-alias NAME=SERVED`` as a mapping; a malformed entry raises ValueError."""

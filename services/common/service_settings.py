@@ -1,4 +1,4 @@
-"""Options every service has, as a base for each service's frozen settings dataclass."""
+"""Options every process has, as a base for each service's frozen settings dataclass."""
 
 from __future__ import annotations
 
@@ -10,11 +10,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
-class CommonSettings:
-    """Logging and namespace options shared by every process of the mesh."""
+class ProcessSettings:
+    """Logging and namespace options shared by every process of the mesh, the launcher included."""
 
     log_level: str = option("info", "Log level.", shared=True, choices=LOG_LEVELS)
     log_format: str = option("json", "Log format: json lines or human-readable console.", shared=True,
                              choices=("json", "console"))
     namespace: str = option("default", "Mesh namespace: scopes NATS subjects so meshes can share a NATS.",
                             shared=True)
+
+
+@dataclass(frozen=True)
+class CommonSettings(ProcessSettings):
+    """What every service has on top: its Prometheus endpoint."""
+
+    metrics_port: int = option(
+        0, "Port of this service's Prometheus /metrics HTTP endpoint (0: none; the gateway also serves /metrics "
+        "on its HTTP port). harnessmesh up gives each service a free port and prints them.", wiring=True)

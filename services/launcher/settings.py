@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.service_settings import CommonSettings
+from services.common.service_settings import ProcessSettings
 from services.common.settings import option
 
 
 @dataclass(frozen=True)
-class LauncherSettings(CommonSettings):
+class LauncherSettings(ProcessSettings):
     """How many workers to start, which NATS to use, and how long to wait for the mesh."""
 
     workers: int = option(1, "Number of worker processes.")
