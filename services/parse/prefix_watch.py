@@ -6,7 +6,7 @@ history reasoning, a client that rewrites a tool call), everything after the fir
 is a prefix-cache miss. ``PrefixWatch`` keeps, per session, the token history of the latest turns and
 reports where the new prompt broke away from the closest one: the token offset and ~80 characters of
 text around it, as a span event (``prefix.break``), a structured log line (``parse.prefix_break``)
-and a counter metric (``harnessmesh.parse.prefix_breaks``).
+and a call of ``on_break`` (the service counts it: ``harnessmesh_parse_prefix_breaks``).
 
 A session may run several lines of turns (sub-agents, side calls such as title generation); the
 watch keeps the last ``lines_per_session`` histories of a session and a prompt that extends any of
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 
 log = structlog.get_logger()
 
@@ -79,15 +79,14 @@ class PrefixWatch:
         max_sessions: int = 4096,
         lines_per_session: int = 4,
         min_shared_tokens: int = 1,
-        meter: metrics.Meter | None = None,
+        on_break: Callable[[PrefixBreak], None] | None = None,
     ) -> None:
         self._decode = decode
         self._max_sessions = max_sessions
         self._lines = lines_per_session
         self._min_shared = min_shared_tokens
         self._sessions: OrderedDict[str, list[_History]] = OrderedDict()
-        self._counter = (meter or metrics.get_meter("harnessmesh.parse")).create_counter(
-            "harnessmesh.parse.prefix_breaks", unit="1", description="prompts that did not extend their session")
+        self._on_break = on_break
         self.breaks: list[PrefixBreak] = []  # the latest reports (bounded), for tests and debugging
 
     def begin(self, session: str, prompt: Sequence[int]) -> Turn | None:
@@ -119,7 +118,8 @@ class PrefixWatch:
             in_output=offset >= history.prompt_len,
         )
         self.breaks = [*self.breaks[-63:], report]
-        self._counter.add(1, {"in_output": report.in_output})
+        if self._on_break is not None:
+            self._on_break(report)
         trace.get_current_span().add_event("prefix.break", {
             "session.id": session, "prefix.offset": offset, "prefix.history_tokens": report.history_tokens,
             "prefix.expected": report.expected, "prefix.actual": report.actual, "prefix.in_output": report.in_output,

@@ -11,8 +11,10 @@ import structlog
 
 from services.api import parse_pb2_grpc, router_pb2_grpc
 from services.common.grpc_util import GrpcServer, open_channel
+from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
 from services.common.tracing import Tracing
+from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat
 from services.parse.renderer import Clock
 from services.parse.service import ParseService
@@ -28,6 +30,7 @@ class RunningParse:
     server: GrpcServer
     channel: grpc.aio.Channel
     model_format: ModelFormat
+    metrics_server: MetricsServer | None = None
 
     @property
     def address(self) -> str:
@@ -36,6 +39,8 @@ class RunningParse:
     async def stop(self, grace: float = 2.0) -> None:
         await self.server.stop(grace)
         await self.channel.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
 
 
 def build_model_format(settings: ParseSettings) -> ModelFormat:
@@ -63,11 +68,13 @@ async def start(
     fmt = model_format or build_model_format(settings)
     channel = open_channel(settings.router_address, tracing)
     tracer = tracing.tracer if tracing is not None else None
-    servicer = ParseService(fmt, router_pb2_grpc.RouterStub(channel), tracer)
+    metrics = ParseMetrics()
+    servicer = ParseService(fmt, router_pb2_grpc.RouterStub(channel), tracer, metrics=metrics)
     server = GrpcServer(tracing, settings.host, settings.port)
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     await server.start()
-    return RunningParse(server=server, channel=channel, model_format=fmt)
+    return RunningParse(server=server, channel=channel, model_format=fmt,
+                        metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port))
 
 
 async def serve(settings: ParseSettings, stop: asyncio.Event) -> None:

@@ -17,9 +17,10 @@ from services.common import errors
 from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.model_dir import input_modalities
 from services.parse import convert
+from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
-from services.parse.prefix_watch import PrefixWatch, session_key
+from services.parse.prefix_watch import PrefixBreak, PrefixWatch, session_key
 from services.parse.speculative import SpeculativePrefiller, TurnRecorder
 
 log = structlog.get_logger()
@@ -35,15 +36,39 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         tracer: trace.Tracer | None = None,
         created: int | None = None,
         prefix_watch: PrefixWatch | None = None,
+        metrics: ParseMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or ParseMetrics()
         self._format = model_format
         self._router = router
         self._tracer = tracer or trace.get_tracer("harnessmesh.parse")
         self._created = int(time.time()) if created is None else created
         self.speculative = SpeculativePrefiller(model_format, router)  # issue 5: speculative prefill hook
-        self._prefix_watch = prefix_watch or PrefixWatch(model_format.decode)
+        self._prefix_watch = prefix_watch or PrefixWatch(model_format.decode, on_break=self._count_break)
+
+    def _count_break(self, report: PrefixBreak) -> None:
+        self.metrics.prefix_breaks.labels(str(report.in_output).lower()).inc()
 
     async def Chat(
+        self, request: chat_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[chat_pb2.ChatEventBatch]:
+        self.metrics.active.inc()
+        outcome = "cancelled"
+        try:
+            async for batch in self._chat(request, context):
+                if batch.events and batch.events[-1].HasField("error"):
+                    outcome = "error"
+                yield batch
+            if outcome == "cancelled":
+                outcome = "ok"
+        except grpc.aio.AbortError:
+            outcome = "rejected"
+            raise
+        finally:
+            self.metrics.active.dec()
+            self.metrics.requests.labels(outcome).inc()
+
+    async def _chat(
         self, request: chat_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[chat_pb2.ChatEventBatch]:
         request_id = request.request_id or uuid.uuid4().hex
@@ -61,7 +86,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         )
         pipeline = self._format.output_pipeline(prompt.text, prompt.schemas)
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
-            tracker = _SpanEvents(span)
+            tracker = _SpanEvents(span, self.metrics)
             spec_turn = TurnRecorder() if request.hints.speculative_prefill else None  # speculative prefill
             spec_worker = ""
             watched = self._prefix_watch.begin(session_key(request.identity), prompt.token_ids)  # prefix-break report
@@ -119,9 +144,13 @@ class ParseService(parse_pb2_grpc.ParseServicer):
 
     async def _prompt(self, request: chat_pb2.ChatRequest, attrs: dict[str, str]) -> Prompt:
         with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
+            started = time.monotonic()
             conversation = convert.conversation_from_proto(request)
             prompt = await asyncio.to_thread(self._format.build_prompt, conversation)
-            span.set_attribute("prompt.tokens", len(prompt.token_ids))
+            span.set_attributes({"prompt.tokens": len(prompt.token_ids), "prompt.messages": len(request.messages),
+                                 "prompt.tools": len(request.tools)})
+            self.metrics.render.observe(time.monotonic() - started)
+            self.metrics.prompt_tokens.inc(len(prompt.token_ids))
             # The request travels on to the router as is: clamp its cap here, where the prompt is known.
             sampling = request.sampling
             sampling.max_tokens = self._format.fit_max_tokens(len(prompt.token_ids), sampling.max_tokens)
@@ -165,13 +194,19 @@ class ParseService(parse_pb2_grpc.ParseServicer):
 
 
 class _SpanEvents:
-    """Marks reasoning start/end and each tool call dispatch on the stream's span."""
+    """Marks reasoning start/end and each tool call dispatch (with its time since the first token) on the
+    stream's span; one pass over each frame's events, no span per token."""
 
-    def __init__(self, span: trace.Span) -> None:
+    def __init__(self, span: trace.Span, metrics: ParseMetrics) -> None:
         self._span = span
+        self._metrics = metrics
         self._reasoning = False
+        self._first: float | None = None
 
     def observe(self, events: list[Event]) -> None:
+        if events and self._first is None:
+            self._first = time.monotonic()
+            self._span.add_event("first_token")
         for event in events:
             if isinstance(event, ReasoningDelta):
                 if not self._reasoning:
@@ -182,8 +217,11 @@ class _SpanEvents:
                 self._span.add_event("reasoning.end")
                 self._reasoning = False
             if isinstance(event, ToolCallDispatch):
+                since = time.monotonic() - (self._first or time.monotonic())
                 self._span.add_event("tool_call.dispatch", {
-                    "tool_call.index": event.index, "tool_call.id": event.id, "tool_call.name": event.name})
+                    "tool_call.index": event.index, "tool_call.id": event.id, "tool_call.name": event.name,
+                    "gen_ai.tool.name": event.name, "tool_call.since_first_token_ms": round(since * 1000, 3)})
+                self._metrics.tool_dispatches.inc()
 
 
 __all__ = ["ParseService"]

@@ -17,10 +17,12 @@ from opentelemetry import trace
 
 from services.api import router_pb2_grpc
 from services.common.grpc_util import GrpcServer
+from services.common.metrics import MetricsServer, serve_metrics
 from services.common.tracing import Tracing
 from services.router.admission import AdmissionQueue
 from services.router.events import WorkerEventsConsumer
 from services.router.index import KvIndex
+from services.router.metrics import RouterMetrics
 from services.router.policy import PlacementPolicy
 from services.router.recovery import KvRecoverer
 from services.router.registry import WorkerEndpoint, WorkerRegistry
@@ -45,8 +47,11 @@ class RunningRouter:
     channels: WorkerChannels
     nc: NatsClient
     tracing: Tracing | None
+    metrics_server: MetricsServer | None = None
 
     async def stop(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         await self.server.stop(1.0)
         await self.consumer.stop()
         await self.channels.close_all()
@@ -67,7 +72,9 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     admission = AdmissionQueue(router.all_saturated)
     limits = ProxyLimits(settings.max_retries, settings.migration_limit, settings.stall_timeout)
     tracer = tracing.tracer if tracing is not None else trace.get_tracer("harnessmesh.router")
-    servicer = RouterServicer(router, channels, limits, tracer, admission)
+    metrics = RouterMetrics()
+    metrics.watch(registry, lambda: len(admission))
+    servicer = RouterServicer(router, channels, limits, tracer, admission, metrics)
     nc = await nats.connect(settings.nats_url, name="harnessmesh-router", max_reconnect_attempts=-1)
 
     async def on_gone(endpoint: WorkerEndpoint, expired: bool) -> None:
@@ -81,7 +88,8 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     await consumer.start()
     await server.start()
     log.info("router.ready", address=server.address, mode=settings.router_mode)
-    return RunningRouter(server.address, router, recoverer, admission, server, consumer, channels, nc, tracing)
+    return RunningRouter(server.address, router, recoverer, admission, server, consumer, channels, nc, tracing,
+                         serve_metrics(metrics.registry, settings.host, settings.metrics_port))
 
 
 async def serve(settings: RouterSettings, stop: asyncio.Event) -> None:

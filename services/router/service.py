@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from services.api import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
 from services.common import errors
 from services.router import convert
 from services.router.admission import AdmissionQueue
+from services.router.metrics import RouterMetrics, decision_reason
 from services.router.policy import Candidate, describe
 from services.router.router import Placement, Router
 from services.router.stream import StreamProgress
@@ -75,8 +77,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def __init__(
         self, router: Router, channels: WorkerChannels, limits: ProxyLimits, tracer: trace.Tracer,
-        admission: AdmissionQueue | None = None,
+        admission: AdmissionQueue | None = None, metrics: RouterMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or RouterMetrics()
         self._router = router
         self._channels = channels
         self._limits = limits
@@ -107,7 +110,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def _generate(
         self, request: worker_pb2.GenerateRequest, progress: StreamProgress
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        arrived = time.monotonic()
         settle = await self._admission.admit(request.hints.priority)
+        queue_wait = time.monotonic() - arrived
+        self.metrics.queue_wait.observe(queue_wait)
         tried: set[str] = set()
         retries = migrations = 0
         try:
@@ -121,10 +127,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     raise errors.UnavailableError("no worker is available" if not tried else
                                                   f"no worker left to take the request (tried {sorted(tried)})")
                 best = placement.candidates[0]
+                route = self._route_span(request, placement, best, queue_wait, retry=bool(tried),
+                                         migrating=progress.sent_any)
                 tried.add(best.worker_id)
-                self._log_route(request, placement, best, migrating=progress.sent_any)
-                attempt = _Attempt(best.worker_id, self._channels.stub(endpoint.address).Generate(
-                    progress.worker_request()))
+                with trace.use_span(route, end_on_exit=False):  # the worker call is the route span's child
+                    attempt = _Attempt(best.worker_id, self._channels.stub(endpoint.address).Generate(
+                        progress.worker_request()))
                 inflight = self._router.begin(best.worker_id, placement, best)
                 if settle:
                     self._admission.settled()
@@ -135,6 +143,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     async for frame in self._frames(attempt):
                         if first:
                             inflight.prefill_done()
+                            route.add_event("first_frame")
                             first = False
                         out = progress.absorb(frame, best.worker_id)
                         if out is not None:
@@ -143,6 +152,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                             return
                     raise _WorkerFailed("the worker's stream ended without a finish frame")
                 except _WorkerFailed as failure:
+                    route.set_status(trace.StatusCode.ERROR, failure.message)
                     if failure.status is not None and failure.status not in WORKER_FAILURES:
                         raise failure.error or errors.InternalError(failure.message) from None
                     if not progress.sent_any:
@@ -168,6 +178,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                 worker_id=best.worker_id, tokens_so_far=len(progress.generated),
                                 error=failure.message)
                 finally:
+                    route.end()
                     attempt.call.cancel()
                     inflight.release()
                     self._attempts.get(best.worker_id, set()).discard(attempt)
@@ -202,23 +213,36 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 raise _WorkerFailed(frame.error.message)
             yield frame
 
-    def _log_route(self, request: worker_pb2.GenerateRequest, placement: Placement, best: Candidate,
-                   migrating: bool) -> None:
-        with self._tracer.start_as_current_span("router.route") as span:
-            span.set_attributes({
-                "router.mode": self._router.policy.mode,
-                "router.worker_id": best.worker_id,
-                "router.overlap_blocks": best.overlap_blocks,
-                "router.request_blocks": placement.request_blocks,
-                "router.candidates": len(placement.candidates),
-                "router.migration": migrating,
-                "session.id": request.identity.session_id,
-                "trajectory.id": request.identity.trajectory_id,
-            })
-        log.info("router.route_decided", request_id=request.request_id, worker_id=best.worker_id,
-                 overlap_blocks=best.overlap_blocks, request_blocks=placement.request_blocks,
+    def _route_span(self, request: worker_pb2.GenerateRequest, placement: Placement, best: Candidate,
+                    queue_wait: float, *, retry: bool, migrating: bool) -> trace.Span:
+        """Log the decision and start the ``router.route`` span (ended by the caller with the attempt)."""
+        mode = self._router.policy.mode
+        reason = decision_reason(mode, best.overlap_blocks, len(placement.candidates),
+                                 target=bool(request.target_worker_id) and best.worker_id == request.target_worker_id,
+                                 retry=retry and not migrating, migration=migrating)
+        self.metrics.decisions.labels(mode, reason).inc()
+        shown = placement.candidates[:16]
+        span = self._tracer.start_span("router.route", attributes={
+            "router.mode": mode,
+            "router.reason": reason,
+            "router.worker_id": best.worker_id,
+            "router.overlap_blocks": best.overlap_blocks,
+            "router.new_blocks": best.new_blocks,
+            "router.request_blocks": placement.request_blocks,
+            "router.candidates": len(placement.candidates),
+            "router.candidate.workers": [c.worker_id for c in shown],
+            "router.candidate.overlap_blocks": [c.overlap_blocks for c in shown],
+            "router.candidate.costs": [float(c.cost) for c in shown],
+            "router.queue_wait_ms": round(queue_wait * 1000, 3),
+            "router.migration": migrating,
+            "router.prefill_only": request.prefill_only,
+            "request.id": request.request_id,
+        })
+        log.info("router.route_decided", request_id=request.request_id, worker_id=best.worker_id, mode=mode,
+                 reason=reason, overlap_blocks=best.overlap_blocks, request_blocks=placement.request_blocks,
                  priority=request.hints.priority, prefill_only=request.prefill_only,
-                 candidates=describe(placement.candidates[:4]))
+                 queue_wait_ms=round(queue_wait * 1000, 3), candidates=describe(placement.candidates[:4]))
+        return span
 
     async def ListWorkers(
         self,

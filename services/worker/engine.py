@@ -36,10 +36,16 @@ class EngineRequest:
 
 @dataclass(frozen=True)
 class PromptInfo:
-    """Prompt accounting, sent once with the first output after the prompt was prefilled."""
+    """Prompt accounting, sent once with the first output after the prompt was prefilled.
+
+    An engine that knows them reports how long the request waited for admission and how long its
+    prefill took (tracing only: excluded from equality); ``None`` means unknown.
+    """
 
     prompt_tokens: int
     cached_tokens: int
+    queue_seconds: float | None = field(default=None, compare=False)
+    prefill_seconds: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

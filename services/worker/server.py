@@ -20,12 +20,14 @@ from nats.aio.client import Client as NatsClient
 
 from services.api import kv_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common.grpc_util import GrpcServer
+from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
 from services.common.tracing import Tracing
 from services.worker import convert
 from services.worker.engine import Engine
 from services.worker.kv_publisher import KvPublisher
 from services.worker.kv_recovery import KvRecoveryServicer
+from services.worker.metrics import WorkerMetrics
 from services.worker.registry import build_engine
 from services.worker.service import WorkerServicer
 from services.worker.settings import WorkerSettings
@@ -44,6 +46,7 @@ class RunningWorker:
     grpc: GrpcServer
     nc: NatsClient
     tracing: Tracing | None
+    metrics_server: MetricsServer | None = None
 
     def info(self) -> worker_pb2.WorkerInfo:
         return convert.worker_info_to_proto(self.engine.info(), self.worker_id, self.address)
@@ -53,6 +56,8 @@ class RunningWorker:
         with contextlib.suppress(Exception):
             await self.publisher.leave()
         await self.grpc.stop(grace)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         await self.engine.close()
         with contextlib.suppress(Exception):
             await self.publisher.close()
@@ -73,7 +78,10 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
         return convert.worker_info_to_proto(engine.info(), worker_id, address)
 
     tracer = tracing.tracer if tracing is not None else None
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine, worker_id, info, tracer), server.server)
+    metrics = WorkerMetrics()
+    metrics.watch(engine, worker_id)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine, worker_id, info, tracer, metrics),
+                                                 server.server)
     nc = await nats.connect(settings.nats_url, name=worker_id, connect_timeout=5, max_reconnect_attempts=-1)
     try:
         await engine.start()
@@ -89,7 +97,8 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
         raise
     log.info("worker.ready", worker_id=worker_id, address=address, engine=settings.engine, model=model.name,
              block_size=settings.block_size, total_blocks=settings.num_blocks)
-    return RunningWorker(worker_id, address, engine, publisher, server, nc, tracing)
+    return RunningWorker(worker_id, address, engine, publisher, server, nc, tracing,
+                         serve_metrics(metrics.registry, settings.host, settings.metrics_port))
 
 
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:

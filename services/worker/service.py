@@ -15,7 +15,8 @@ from opentelemetry import trace
 from services.api import worker_pb2, worker_pb2_grpc
 from services.common import errors
 from services.worker import convert
-from services.worker.engine import Engine
+from services.worker.engine import Engine, EngineOutput
+from services.worker.metrics import WorkerMetrics
 
 log = structlog.get_logger()
 
@@ -36,7 +37,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         worker_id: str,
         worker_info: Callable[[], worker_pb2.WorkerInfo],
         tracer: trace.Tracer | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or WorkerMetrics()
         self._engine = engine
         self._worker_id = worker_id
         self._worker_info = worker_info
@@ -50,23 +53,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             req = replace(req, request_id=f"req-{uuid.uuid4().hex[:12]}")
         started = time.monotonic()
         with self._tracer.start_as_current_span("worker.generate") as span:
-            span.set_attribute("harnessmesh.request_id", req.request_id)
-            span.set_attribute("harnessmesh.prompt_tokens", len(req.token_ids))
+            span.set_attributes({"request.id": req.request_id, "worker.id": self._worker_id,
+                                 "worker.prompt_tokens": len(req.token_ids)})
             stream = self._engine.generate(req)
             sent_first = False
             try:
                 async for out in stream:
-                    if out.prompt is not None:
-                        span.set_attribute("harnessmesh.cached_tokens", out.prompt.cached_tokens)
-                    if not sent_first and out.token_ids:
-                        span.add_event("first_token")
+                    if out.prompt is not None or (not sent_first and out.token_ids):
+                        self._first_output(span, out, started, first_token=not sent_first and bool(out.token_ids))
                     if out.finish_reason is not None and out.usage is not None:
-                        span.set_attribute("harnessmesh.completion_tokens", out.usage.completion_tokens)
-                        span.set_attribute("harnessmesh.finish_reason", out.finish_reason)
-                        log.info("worker.request_finished", request_id=req.request_id,
-                                 prompt_tokens=out.usage.prompt_tokens, cached_tokens=out.usage.cached_tokens,
-                                 completion_tokens=out.usage.completion_tokens, finish_reason=out.finish_reason,
-                                 seconds=round(time.monotonic() - started, 4))
+                        self._finished(span, req.request_id, out, started)
                     yield convert.output_to_proto(out, self._worker_id)
                     sent_first = True
             except errors.MeshError as err:
@@ -84,6 +80,43 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 yield worker_pb2.GenerateResponse(error=errors.to_proto(internal))
             finally:
                 await stream.aclose()
+
+    def _first_output(self, span: trace.Span, out: EngineOutput, started: float, *, first_token: bool) -> None:
+        """Queue, prefill (cached vs new tokens) and first token, as attributes and timed events."""
+        now = time.monotonic()
+        if out.prompt is not None:
+            p = out.prompt
+            attrs: dict[str, float | int] = {"worker.cached_tokens": p.cached_tokens,
+                                             "worker.new_tokens": p.prompt_tokens - p.cached_tokens}
+            start_ns = getattr(span, "start_time", None)  # the SDK's span; None when tracing is off
+            if p.queue_seconds is not None:
+                attrs["worker.queue_ms"] = round(p.queue_seconds * 1000, 3)
+                self.metrics.queue.observe(p.queue_seconds)
+                if isinstance(start_ns, int):
+                    span.add_event("prefill.start", timestamp=start_ns + int(p.queue_seconds * 1e9))
+            if p.prefill_seconds is not None:
+                attrs["worker.prefill_ms"] = round(p.prefill_seconds * 1000, 3)
+            span.set_attributes(attrs)
+            span.add_event("prefill.done", {"cached_tokens": p.cached_tokens,
+                                            "new_tokens": p.prompt_tokens - p.cached_tokens})
+        if first_token:
+            span.add_event("first_token")
+            span.set_attribute("worker.ttft_ms", round((now - started) * 1000, 3))
+            self.metrics.ttft.observe(now - started)
+
+    def _finished(self, span: trace.Span, request_id: str, out: EngineOutput, started: float) -> None:
+        assert out.usage is not None and out.finish_reason is not None
+        usage, seconds = out.usage, time.monotonic() - started
+        span.set_attributes({"worker.completion_tokens": usage.completion_tokens,
+                             "worker.finish_reason": out.finish_reason, "worker.seconds": round(seconds, 6)})
+        span.add_event("finish", {"finish_reason": out.finish_reason})
+        self.metrics.requests.labels(out.finish_reason).inc()
+        self.metrics.prompt_tokens.inc(usage.prompt_tokens)
+        self.metrics.cached_tokens.inc(usage.cached_tokens)
+        self.metrics.generated_tokens.inc(usage.completion_tokens)
+        log.info("worker.request_finished", request_id=request_id, prompt_tokens=usage.prompt_tokens,
+                 cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+                 finish_reason=out.finish_reason, seconds=round(seconds, 4))
 
     async def Info(
         self, request: worker_pb2.WorkerInfoRequest, context: Context  # type: ignore[override]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 from services.common.errors import MeshError
 from services.worker.engine import EngineOutput, EngineRequest, FinishReason, PromptInfo, Usage
@@ -37,6 +38,9 @@ class MockRequest:
         self.seq = KvSequence(request.cache_salt)
         self.generated = 0
         self.cached_tokens: int | None = None  # set on first admission
+        self.arrived = time.monotonic()        # arrival, first admission, prompt done: for tracing
+        self.admitted: float | None = None
+        self.prefilled: float | None = None
         self.order = 0                          # admission order, for preemption
         # consumer side
         self.ready = asyncio.Event()
@@ -66,10 +70,12 @@ class MockRequest:
         self.order = next(_admission_counter)
         if self.cached_tokens is None:
             self.cached_tokens = cached_tokens
+            self.admitted = time.monotonic()
 
     def prompt_done(self) -> None:
         if not self._prompt_sent and not self._prompt_pending:
             self._prompt_pending = True
+            self.prefilled = time.monotonic()
             self.ready.set()
 
     def deliver(self, token: int) -> None:
@@ -110,7 +116,9 @@ class MockRequest:
         prompt = None
         if self._prompt_pending:
             self._prompt_pending, self._prompt_sent = False, True
-            prompt = PromptInfo(self.prompt_len, self.cached_tokens or 0)
+            admitted = self.admitted if self.admitted is not None else self.arrived
+            prompt = PromptInfo(self.prompt_len, self.cached_tokens or 0, queue_seconds=admitted - self.arrived,
+                                prefill_seconds=(self.prefilled or admitted) - admitted)
         if self.finish_reason is None:
             if not tokens and prompt is None:
                 return None

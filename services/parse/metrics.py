@@ -1,0 +1,26 @@
+"""The parse service's Prometheus metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.common.metrics import LATENCY_BUCKETS
+
+
+class ParseMetrics:
+    """Streams, render time, tool dispatches and prefix breaks, in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("harnessmesh_parse_requests", "Chat streams by outcome (ok, error, rejected).",
+                                ("outcome",), registry=r)
+        self.active = Gauge("harnessmesh_parse_active_streams", "Chat streams in flight.", registry=r)
+        self.render = Histogram("harnessmesh_parse_render_seconds", "Chat template rendering + tokenization.",
+                                buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("harnessmesh_parse_prompt_tokens", "Tokens of rendered prompts.", registry=r)
+        self.tool_dispatches = Counter("harnessmesh_parse_tool_dispatches",
+                                       "Tool calls dispatched while decoding.", registry=r)
+        self.prefix_breaks = Counter("harnessmesh_parse_prefix_breaks",
+                                     "Prompts that did not extend their session's previous turn.", ("in_output",),
+                                     registry=r)

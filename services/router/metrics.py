@@ -1,0 +1,57 @@
+"""The router's Prometheus metrics: decisions, the admission queue, per-worker load as this router sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from services.common.metrics import LATENCY_BUCKETS, GaugeCallback
+from services.router.registry import WorkerRegistry
+
+
+class RouterMetrics:
+    """Routing decisions by mode and reason, queue depth and wait, active requests and KV blocks per worker."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter("harnessmesh_router_decisions", "Placement decisions by routing mode and reason.",
+                                 ("mode", "reason"), registry=r)
+        self.queue_wait = Histogram("harnessmesh_router_queue_wait_seconds",
+                                    "Time requests waited in the admission queue (0 when not queued).",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+
+    def watch(self, workers: WorkerRegistry, queue_depth: Callable[[], int]) -> None:
+        """Scrape-time gauges over the live registry and the admission queue."""
+
+        def loads(attr: str) -> dict[tuple[str, ...], float]:
+            return {(ep.worker_id,): float(getattr(workers.load(ep.worker_id), attr)) for ep in workers.endpoints()}
+
+        self.registry.register(GaugeCallback("harnessmesh_router_queue_depth", "Requests waiting for a worker.", (),
+                                             lambda: {(): float(queue_depth())}))
+        self.registry.register(GaugeCallback("harnessmesh_router_worker_active_requests",
+                                             "Requests this router has in flight per worker.", ("worker",),
+                                             lambda: loads("requests")))
+        self.registry.register(GaugeCallback("harnessmesh_router_worker_active_blocks",
+                                             "KV blocks this router's requests occupy per worker.", ("worker",),
+                                             lambda: loads("active_blocks")))
+        self.registry.register(GaugeCallback(
+            "harnessmesh_router_worker_total_blocks", "KV capacity per worker in blocks.", ("worker",),
+            lambda: {(ep.worker_id,): float(ep.total_blocks) for ep in workers.endpoints()}))
+
+
+def decision_reason(mode: str, overlap_blocks: int, candidates: int, *, target: bool, retry: bool,
+                    migration: bool) -> str:
+    """Why the chosen worker was chosen, as a small closed set of label values."""
+    if migration:
+        return "migration"
+    if retry:
+        return "retry"
+    if target:
+        return "target_worker"
+    if candidates == 1:
+        return "only_worker"
+    if mode != "kv":
+        return mode
+    return "kv_overlap" if overlap_blocks > 0 else "kv_load"
