@@ -67,7 +67,8 @@ async def run_up(launcher: LauncherSettings, values: dict[str, Any]) -> int:
         endpoints = start.result()
         print(f"harnessmesh is up\n  HTTP (OpenAI API):     {endpoints.http}/v1\n"
               f"  gRPC AgentService:     {endpoints.grpc}\n  NATS:                  {endpoints.nats}\n"
-              f"  workers:               {', '.join(endpoints.workers)}", flush=True)
+              f"  workers:               {', '.join(endpoints.workers)}\n"
+              f"  Prometheus /metrics:   {', '.join(f'{k} {v}' for k, v in endpoints.metrics.items())}", flush=True)
         print(ready_line(endpoints), flush=True)
         return await mesh.watch(stop)
     except (RuntimeError, TimeoutError, OSError, ValueError) as exc:

@@ -45,6 +45,7 @@ class Endpoints:
     grpc: str
     nats: str
     workers: list[str] = field(default_factory=list)
+    metrics: dict[str, str] = field(default_factory=dict)  # process name -> its /metrics URL
 
 
 class Mesh:
@@ -56,6 +57,13 @@ class Mesh:
         self.children: list[Child] = []
         self.nats: NatsServer | None = None
         self.endpoints: Endpoints | None = None
+        self.metrics: dict[str, str] = {}
+
+    def _metrics_port(self, name: str) -> int:
+        """A free port for ``name``'s /metrics endpoint, remembered for the ready line."""
+        port = free_port()
+        self.metrics[name] = f"http://127.0.0.1:{port}/metrics"
+        return port
 
     async def _spawn(self, spec: ServiceSpec, name: str, overrides: dict[str, Any], grpc_address: str) -> Child:
         settings = build_settings(spec.settings_class(), self.values, overrides)
@@ -93,12 +101,13 @@ class Mesh:
         wiring = {"nats_url": nats_url, "host": "127.0.0.1"}
 
         router_addr = f"127.0.0.1:{free_port()}"
-        router = await self._spawn(ROUTER, "router", {**wiring, "port": int(router_addr.rsplit(":", 1)[1])},
-                                   router_addr)
+        router = await self._spawn(ROUTER, "router", {**wiring, "port": int(router_addr.rsplit(":", 1)[1]),
+                                                     "metrics_port": self._metrics_port("router")}, router_addr)
         workers = []
         for i in range(self.launcher.workers):
             port = free_port()
-            overrides = {**wiring, "port": port, "advertise_host": "127.0.0.1", "worker_id": f"worker-{i}"}
+            overrides = {**wiring, "port": port, "advertise_host": "127.0.0.1", "worker_id": f"worker-{i}",
+                         "metrics_port": self._metrics_port(f"worker-{i}")}
             workers.append(await self._spawn(WORKER, f"worker-{i}", overrides, f"127.0.0.1:{port}"))
         await self._wait_healthy(router, deadline)
         for worker in workers:
@@ -107,7 +116,8 @@ class Mesh:
 
         parse_addr = f"127.0.0.1:{free_port()}"
         parse = await self._spawn(PARSE, "parse", {**wiring, "port": int(parse_addr.rsplit(":", 1)[1]),
-                                                   "router_address": router_addr}, parse_addr)
+                                                   "router_address": router_addr,
+                                                   "metrics_port": self._metrics_port("parse")}, parse_addr)
         await self._wait_healthy(parse, deadline)
 
         http_port = self.values.get("http_port") or free_port()
@@ -125,6 +135,7 @@ class Mesh:
             grpc=f"127.0.0.1:{grpc_port}",
             nats=nats_url,
             workers=[w.grpc_address for w in workers],
+            metrics={"gateway": f"http://127.0.0.1:{http_port}/metrics", **self.metrics},
         )
         return self.endpoints
 
@@ -194,4 +205,4 @@ class Mesh:
 def ready_line(endpoints: Endpoints) -> str:
     """The one machine-readable line ``harnessmesh up`` prints on stdout once the mesh is ready."""
     return json.dumps({"event": "mesh.ready", "http": endpoints.http, "grpc": endpoints.grpc,
-                       "nats": endpoints.nats, "workers": endpoints.workers})
+                       "nats": endpoints.nats, "workers": endpoints.workers, "metrics": endpoints.metrics})
