@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 
 import grpc
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from gateway.turns import TurnTracker
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
@@ -72,9 +73,10 @@ class ParseClient:
         if not fresh and self._model is not None and now - self._model_at < self._model_ttl:
             return self._model
         try:
-            info: chat_pb2.ModelInfo = await self._stub.GetModel(
-                chat_pb2.ModelInfoRequest(), timeout=self._probe_timeout
-            )
+            with suppress_instrumentation():  # a cached metadata probe: not part of any request's trace
+                info: chat_pb2.ModelInfo = await self._stub.GetModel(
+                    chat_pb2.ModelInfoRequest(), timeout=self._probe_timeout
+                )
         except grpc.aio.AioRpcError as exc:
             raise errors.from_rpc_error(exc) from exc
         self._model, self._model_at = info, now

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +52,18 @@ def open_channel(target: str, tracing: Tracing | None) -> grpc.aio.Channel:
     """An insecure channel whose calls carry the current trace context."""
     interceptors = tracing.client_interceptors() if tracing is not None else None
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=interceptors)
+
+
+async def drain(call: Any, timeout: float = 1.0, most: int = 4) -> None:
+    """Read a stream that already sent its last frame up to EOF (a few reads at most, never raising).
+
+    The tracing interceptor ends a client span only when the response stream is read to its end; a
+    call cancelled right after its final frame would leave the span open until garbage collection.
+    """
+    with contextlib.suppress(Exception):
+        for _ in range(most):
+            if await asyncio.wait_for(call.read(), timeout) is grpc.aio.EOF:
+                return
 
 
 async def check_health(channel: grpc.aio.Channel, deadline: float = 1.0) -> bool:

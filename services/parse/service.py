@@ -94,7 +94,9 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             sent = finished = False
             error: MeshError | None = None
             try:
-                async for frame in call:
+                async for frame in call:  # read to the end: the client span ends at the stream's EOF
+                    if finished:
+                        continue
                     if frame.HasField("error"):
                         error = errors.from_proto(frame.error)
                         break
@@ -119,8 +121,6 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                     if batch.events:
                         yield batch
                         sent = True
-                    if finished:
-                        break
             except grpc.aio.AioRpcError as exc:
                 error = errors.from_rpc_error(exc)
             finally:

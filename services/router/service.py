@@ -22,6 +22,7 @@ from opentelemetry import trace
 
 from services.api import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
 from services.common import errors
+from services.common.grpc_util import drain
 from services.router import convert
 from services.router.admission import AdmissionQueue
 from services.router.metrics import RouterMetrics, decision_reason
@@ -149,6 +150,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                         if out is not None:
                             yield out
                         if frame.finish_reason or frame.HasField("error"):
+                            await drain(attempt.call)
                             return
                     raise _WorkerFailed("the worker's stream ended without a finish frame")
                 except _WorkerFailed as failure:

@@ -11,8 +11,9 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.support.nats import free_port
 
@@ -27,6 +28,7 @@ class RunningMesh:
     workers: list[str]
     process: subprocess.Popen[bytes]
     log_path: Path
+    metrics: dict[str, str] = field(default_factory=dict)  # process name -> /metrics URL
 
 
 @contextmanager
@@ -42,7 +44,8 @@ def running_mesh(
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env)
         try:
             ready = _wait_ready(proc, timeout, log_path)
-            yield RunningMesh(ready["http"], ready["grpc"], ready["nats"], ready["workers"], proc, log_path)
+            yield RunningMesh(ready["http"], ready["grpc"], ready["nats"], ready["workers"], proc, log_path,
+                              ready.get("metrics", {}))
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -53,7 +56,7 @@ def running_mesh(
                     proc.wait()
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> dict[str, object]:
+def _wait_ready(proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> dict[str, Any]:
     assert proc.stdout is not None
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ)
@@ -70,7 +73,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -
         buffer += chunk
         for line in buffer.splitlines():
             if line.startswith(b'{"event": "mesh.ready"'):
-                ready: dict[str, object] = json.loads(line)
+                ready: dict[str, Any] = json.loads(line)
                 return ready
     proc.kill()
     raise RuntimeError(f"mesh did not become ready; launcher log:\n{log_path.read_text()[-5000:]}")

@@ -23,10 +23,16 @@ class ReceivedSpan:
     span_id: str
     parent_span_id: str
     attributes: dict[str, Any]
+    start_ns: int = 0
+    end_ns: int = 0
+    links: tuple[tuple[str, str], ...] = ()                      # (trace_id, span_id) of each link
+    events: tuple[tuple[str, dict[str, Any]], ...] = ()          # (name, attributes) of each event
 
 
 def _value(any_value: Any) -> Any:
     kind = any_value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in any_value.array_value.values]
     return getattr(any_value, kind) if kind else None
 
 
@@ -47,6 +53,9 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
                     received.append(ReceivedSpan(
                         service, span.name, span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(),
                         {a.key: _value(a.value) for a in span.attributes},
+                        span.start_time_unix_nano, span.end_time_unix_nano,
+                        tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
+                        tuple((e.name, {a.key: _value(a.value) for a in e.attributes}) for e in span.events),
                     ))
         with self._lock:
             self.spans.extend(received)
