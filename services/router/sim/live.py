@@ -51,15 +51,18 @@ async def replay_live(trace: list[TraceRequest], router_address: str, speedup: f
             msg = messages[i]
             record = RequestRecord(f"r{i}", now_ms(), len(msg.token_ids), msg.sampling.max_tokens, "")
             records.append(record)
-            async for frame in stub.Generate(msg):
-                if frame.HasField("prompt"):
-                    record.worker_id = frame.prompt.worker_id
-                    record.cached_tokens = frame.prompt.cached_tokens
-                if frame.token_ids and record.first_token_ms is None:
-                    record.first_token_ms = now_ms()
-                record.output_tokens += len(frame.token_ids)
-                if frame.HasField("error"):
-                    record.error = frame.error.message or "error"
+            try:
+                async for frame in stub.Generate(msg):
+                    if frame.HasField("prompt"):
+                        record.worker_id = frame.prompt.worker_id
+                        record.cached_tokens = frame.prompt.cached_tokens
+                    if frame.token_ids and record.first_token_ms is None:
+                        record.first_token_ms = now_ms()
+                    record.output_tokens += len(frame.token_ids)
+                    if frame.HasField("error"):
+                        record.error = frame.error.message or "error"
+            except grpc.aio.AioRpcError as exc:
+                record.error = f"{exc.code().name}: {exc.details()}"
             record.finish_ms = now_ms()
 
         await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))

@@ -77,6 +77,11 @@ class Replay:
         self._running: dict[str, MockRequest] = {}
         self.now = 0.0
 
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Every request of the last :meth:`run`, in arrival order."""
+        return list(self._records.values())
+
     def _on_events(self, worker_id: str, events: list[eng.KvEvent]) -> None:
         self.router.on_kv_events(worker_id, to_router_events(events))
 
