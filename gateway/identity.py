@@ -14,7 +14,8 @@ Each field is taken from the first source that has it, in this order:
    parent trajectory, a top-level thread being its own session; then the Anthropic body's
    ``metadata.user_id`` (Claude Code's JSON ``{"session_id": ...}`` or the older
    ``user_..._session_<id>``) and the Responses body's ``prompt_cache_key``;
-4. nothing: a fresh ``sess-<hex>`` per request, so nothing is unkeyed.
+4. nothing: a fresh ``sess-<hex>`` per request, so nothing is unkeyed (marked ``anonymous``: per-session
+   state such as the parse service's prefix watch skips it).
 
 A missing trajectory is the session itself (the main agent's line of turns). The harness name is
 ``x-harnessmesh-harness`` or derived from the User-Agent.
@@ -142,7 +143,8 @@ def resolve_identity(
     for source in (_from_generic_headers(headers), _from_claude_code(headers), _from_codex(headers),
                    _Ids(session_id=session_from_user_id(user_id)), _Ids(session_id=prompt_cache_key or "")):
         ids.fill(source)
-    if not ids.session_id:
+    anonymous = not ids.session_id
+    if anonymous:
         ids.session_id = "sess-" + uuid.uuid4().hex
     if not ids.trajectory_id:
         ids.trajectory_id = ids.session_id
@@ -151,4 +153,5 @@ def resolve_identity(
     return common_pb2.Identity(
         session_id=ids.session_id, trajectory_id=ids.trajectory_id, parent_session_id=ids.parent_session_id,
         harness=harness, session_type_id=ids.session_type_id, parent_trajectory_id=ids.parent_trajectory_id,
+        anonymous=anonymous,
     )

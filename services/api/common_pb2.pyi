@@ -103,6 +103,7 @@ class Identity(_message.Message):
     HARNESS_FIELD_NUMBER: _builtins.int
     SESSION_TYPE_ID_FIELD_NUMBER: _builtins.int
     PARENT_TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    ANONYMOUS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """one agent session (a conversation with a harness)"""
     trajectory_id: _builtins.str
@@ -115,6 +116,8 @@ class Identity(_message.Message):
     """workload class (nvext.agent_context.session_type_id), e.g. "coding_agent" """
     parent_trajectory_id: _builtins.str
     """the trajectory that spawned this one (a sub-agent's parent)"""
+    anonymous: _builtins.bool
+    """the client named no session: the gateway made one up for this request only"""
     def __init__(
         self,
         *,
@@ -124,10 +127,11 @@ class Identity(_message.Message):
         harness: _builtins.str = ...,
         session_type_id: _builtins.str = ...,
         parent_trajectory_id: _builtins.str = ...,
+        anonymous: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["harness", b"harness", "parent_session_id", b"parent_session_id", "parent_trajectory_id", b"parent_trajectory_id", "session_id", b"session_id", "session_type_id", b"session_type_id", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anonymous", b"anonymous", "harness", b"harness", "parent_session_id", b"parent_session_id", "parent_trajectory_id", b"parent_trajectory_id", "session_id", b"session_id", "session_type_id", b"session_type_id", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

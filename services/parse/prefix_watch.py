@@ -156,10 +156,13 @@ def _shared_prefix(a: Sequence[int], b: Sequence[int], chunk: int = 512) -> int:
 class _Identity(Protocol):
     session_id: str
     trajectory_id: str
+    anonymous: bool
 
 
 def session_key(identity: _Identity) -> str:
-    """The watch's key: the session, and the trajectory inside it when the harness names one."""
-    if not identity.session_id:
+    """The watch's key: the session, and the trajectory inside it when it is not the session's main line."""
+    if not identity.session_id or identity.anonymous:  # a made-up id has no earlier turn to compare with
         return ""
-    return f"{identity.session_id}/{identity.trajectory_id}" if identity.trajectory_id else identity.session_id
+    if identity.trajectory_id and identity.trajectory_id != identity.session_id:
+        return f"{identity.session_id}/{identity.trajectory_id}"
+    return identity.session_id

@@ -107,6 +107,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _finished(self, span: trace.Span, request_id: str, out: EngineOutput, started: float) -> None:
         assert out.usage is not None and out.finish_reason is not None
         usage, seconds = out.usage, time.monotonic() - started
+        ttft_ms = (getattr(span, "attributes", None) or {}).get("worker.ttft_ms")
+        if isinstance(ttft_ms, float):  # decode: first token -> finish
+            span.set_attribute("worker.decode_ms", round(seconds * 1000 - ttft_ms, 3))
         span.set_attributes({"worker.completion_tokens": usage.completion_tokens,
                              "worker.finish_reason": out.finish_reason, "worker.seconds": round(seconds, 6)})
         span.add_event("finish", {"finish_reason": out.finish_reason})

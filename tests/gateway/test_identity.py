@@ -97,7 +97,8 @@ def test_grpc_edge_precedence() -> None:
 def test_no_id_gets_a_fresh_session_per_request(api: Any) -> None:
     first, second = api({}), api({})
     assert first.session_id.startswith("sess-") and first.session_id != second.session_id
-    assert first.trajectory_id == first.session_id
+    assert first.trajectory_id == first.session_id and first.anonymous
+    assert not api({"x-session-id": "named"}).anonymous
 
 
 def test_user_id_formats_and_harness_names() -> None:

@@ -53,5 +53,14 @@ def test_session_key_includes_the_trajectory() -> None:
     class Identity:
         session_id = "s"
         trajectory_id = "t"
+        anonymous = False
+
+    class MainLine(Identity):
+        trajectory_id = "s"
+
+    class MadeUp(Identity):
+        anonymous = True
 
     assert session_key(Identity()) == "s/t"
+    assert session_key(MainLine()) == "s"  # the session's main line of turns: the session itself
+    assert session_key(MadeUp()) == ""  # an id the gateway made up: no earlier turn to compare with
