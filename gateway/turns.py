@@ -4,7 +4,7 @@ Every API ends in ``ParseClient.chat``; it hands each request to :meth:`TurnTrac
 event batch to :meth:`Turn.observe`, so no handler does any of this itself. Per turn:
 
 * the current (root) span gets the identity and ``gen_ai.*`` attributes, and a link to the previous
-  turn of the same trajectory (bounded map trajectory -> last root span context);
+  turn of the same trajectory (bounded map session/trajectory -> last root span context);
 * the identity becomes W3C baggage for the gRPC call to parse, and rides on to every hop;
 * tool results in the request that answer calls we dispatched earlier become ``harness.tool`` spans
   from our dispatch to their arrival (bounded map tool_call_id -> dispatch time and name);
@@ -82,11 +82,12 @@ class TurnTracker:
         if request.sampling.max_tokens:
             root.set_attribute("gen_ai.request.max_tokens", request.sampling.max_tokens)
         root_ctx = root.get_span_context()
-        if root_ctx.is_valid and ident.trajectory_id:
-            previous = self._last_turn.get(ident.trajectory_id)
+        if root_ctx.is_valid and not ident.anonymous:
+            key = f"{ident.session_id}/{ident.trajectory_id}"
+            previous = self._last_turn.get(key)
             if previous is not None:
                 root.add_link(previous, {"link.type": "previous_turn"})
-            _bounded_put(self._last_turn, ident.trajectory_id, root_ctx, self._limit)
+            _bounded_put(self._last_turn, key, root_ctx, self._limit)
         self._tool_results(request, turn)
         return turn
 
