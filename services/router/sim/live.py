@@ -45,9 +45,7 @@ async def replay_live(trace: list[TraceRequest], router_address: str, speedup: f
         def now_ms() -> float:  # simulated ms since the first arrival
             return (loop.time() - start) * 1000.0 * compression
 
-        async def one(i: int, req: TraceRequest) -> None:
-            due_ms = (req.timestamp_ms - t0) / speedup
-            await asyncio.sleep(max(0.0, (due_ms - now_ms()) / 1000.0 / compression))
+        async def one(i: int) -> None:
             msg = messages[i]
             record = RequestRecord(f"r{i}", now_ms(), len(msg.token_ids), msg.sampling.max_tokens, "")
             records.append(record)
@@ -65,5 +63,12 @@ async def replay_live(trace: list[TraceRequest], router_address: str, speedup: f
                 record.error = f"{exc.code().name}: {exc.details()}"
             record.finish_ms = now_ms()
 
-        await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+        # One dispatcher, in trace order: requests due at the same time still leave in the simulator's order.
+        tasks = []
+        for i, req in enumerate(trace):
+            due_ms = (req.timestamp_ms - t0) / speedup
+            await asyncio.sleep(max(0.0, (due_ms - now_ms()) / 1000.0 / compression))
+            tasks.append(asyncio.create_task(one(i)))
+            await asyncio.sleep(0)  # let it start its call before the next one
+        await asyncio.gather(*tasks)
         return summarise(records, now_ms())
