@@ -35,6 +35,22 @@ def _add_trace_ids(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Mut
     return event_dict
 
 
+class _ClosedStreamDetachFilter(logging.Filter):
+    """Drops OpenTelemetry's "Failed to detach context" for streams closed from another context.
+
+    When a client cancels a server stream, grpc.aio closes the handler's async generator from a
+    different asyncio context than the one that entered its ``start_as_current_span`` block (ours
+    and the grpc instrumentation's). Resetting the context token then raises ValueError, which
+    OpenTelemetry logs with a traceback; the span itself has already ended correctly. Anything else
+    the logger reports still gets through.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        benign = isinstance(exc, ValueError) and "was created in a different Context" in str(exc)
+        return not (benign and record.getMessage() == "Failed to detach context")
+
+
 def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
     """Route structlog and stdlib logging to stderr as JSON (or console) with trace ids."""
     numeric = logging.getLevelName(level.upper())
@@ -58,3 +74,4 @@ def configure_logging(service: str, level: str = "info", fmt: str = "json") -> N
     )
     structlog.contextvars.bind_contextvars(service=service)
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr, format="%(name)s %(message)s")
+    logging.getLogger("opentelemetry.context").addFilter(_ClosedStreamDetachFilter())
