@@ -12,19 +12,16 @@ Runs only inside ``shared/harnesses/offline.sh`` (``HARNESS_OFFLINE=1``): ``.ci/
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.mesh import RunningMesh, running_mesh
+from tests.support.harness import HARNESSES, offline_harness_marks, require_client, scripted_mesh, stdout_events
+from tests.support.mesh import RunningMesh
 
-REPO = Path(__file__).resolve().parents[2]
-HARNESSES = Path(os.environ.get("HARNESSES_DIR", REPO.parent / "shared" / "harnesses"))
 MODEL = "mesh-sonnet"
 MARKER = "HARNESSMESH_CC_OK"
 PROMPT = "Run the marker command and tell me what it printed."
@@ -41,39 +38,17 @@ FINAL_TURN = f"<think>\nThe command succeeded.\n</think>\n\nThe marker command p
 SCRIPT = [{"match": MARKER, "completion": FINAL_TURN}, {"match": "marker command", "completion": TOOL_TURN},
           {"match": "", "completion": "OK."}]
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.harness,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(os.environ.get("HARNESS_OFFLINE") != "1",
-                       reason="drives the real Claude Code CLI: run under shared/harnesses/offline.sh (.ci/run does)"),
-]
-
-
-def _claude_installed() -> bool:
-    probe = subprocess.run(["bash", "-c", f"source {HARNESSES / 'lib.sh'} && harness_claude_bin"],
-                           capture_output=True, text=True)
-    return probe.returncode == 0
+pytestmark = offline_harness_marks("Claude Code")
 
 
 @pytest.fixture(scope="module")
 def cc_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
-    if not _claude_installed():
-        pytest.skip(f"Claude Code is not installed: run {HARNESSES / 'install.sh'} claude-code (needs npm)")
+    require_client("harness_claude_bin", "claude-code")
     tmp = tmp_path_factory.mktemp("cc-mesh")
-    script = tmp / "script.jsonl"
-    script.write_text("".join(json.dumps(line) + "\n" for line in SCRIPT))
     # Claude Code asks for max_tokens=32000 on a ~27k-token prompt: the parse service clamps the cap to
     # the room the demo model's 32,768-token context leaves.
-    args = ["--workers", "1", "--speedup", "50", "--script", str(script), "--reasoning-parser", "qwen3",
-            "--tool-parser", "hermes", "--served-model-name", MODEL, "--block-size", "16"]
-    with running_mesh(args, tmp / "mesh.log") as mesh:
+    with scripted_mesh(tmp, SCRIPT, MODEL) as mesh:
         yield mesh
-
-
-def _events(workdir: Path) -> list[dict[str, Any]]:
-    lines = (workdir / "stdout.txt").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip().startswith("{")]
 
 
 def test_claude_code_runs_a_bash_tool_loop(cc_mesh: RunningMesh, tmp_path: Path) -> None:
@@ -85,7 +60,7 @@ def test_claude_code_runs_a_bash_tool_loop(cc_mesh: RunningMesh, tmp_path: Path)
     )
     stderr = (workdir / "stderr.txt").read_text() if (workdir / "stderr.txt").exists() else ""
     assert proc.returncode == 0, f"claude exited {proc.returncode}: {stderr[-3000:]}"
-    events = _events(workdir)
+    events = stdout_events(workdir)
     assistant = [e["message"] for e in events if e["type"] == "assistant"]
     calls = [b for m in assistant for b in m["content"] if b["type"] == "tool_use"]
     results = [b for e in events if e["type"] == "user" for b in e["message"]["content"] if b["type"] == "tool_result"]

@@ -16,14 +16,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.mesh import RunningMesh, running_mesh
+from tests.support.harness import HARNESSES, REPO, offline_harness_marks, require_client, scripted_mesh, stdout_events
+from tests.support.mesh import RunningMesh
 
-REPO = Path(__file__).resolve().parents[2]
-HARNESSES = Path(os.environ.get("HARNESSES_DIR", REPO.parent / "shared" / "harnesses"))
 MODEL = "mesh-coder"
 MARKER = "harnessmesh-codex-ok"
 PROMPT = "Run the greeting command and tell me what it printed."
@@ -37,37 +35,15 @@ FINAL_TURN = f"<think>\nThe command succeeded.\n</think>\n\nThe greeting command
 # The script matches the last user/tool message: the prompt, then Codex's exec_command output.
 SCRIPT = [{"match": MARKER, "completion": FINAL_TURN}, {"match": "greeting command", "completion": TOOL_TURN}]
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.harness,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(os.environ.get("HARNESS_OFFLINE") != "1",
-                       reason="drives the real Codex CLI: run under shared/harnesses/offline.sh (as .ci/run does)"),
-]
-
-
-def _codex_installed() -> bool:
-    probe = subprocess.run(["bash", "-c", f"source {HARNESSES / 'lib.sh'} && harness_codex_bin"],
-                           capture_output=True, text=True)
-    return probe.returncode == 0
+pytestmark = offline_harness_marks("Codex")
 
 
 @pytest.fixture(scope="module")
 def codex_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
-    if not _codex_installed():
-        pytest.skip(f"Codex is not installed: run {HARNESSES / 'install.sh'} codex (needs the npm registry)")
+    require_client("harness_codex_bin", "codex")
     tmp = tmp_path_factory.mktemp("codex-mesh")
-    script = tmp / "script.jsonl"
-    script.write_text("".join(json.dumps(line) + "\n" for line in SCRIPT))
-    args = ["--workers", "1", "--speedup", "50", "--script", str(script), "--reasoning-parser", "qwen3",
-            "--tool-parser", "hermes", "--served-model-name", MODEL, "--block-size", "16"]
-    with running_mesh(args, tmp / "mesh.log") as mesh:
+    with scripted_mesh(tmp, SCRIPT, MODEL) as mesh:
         yield mesh
-
-
-def _events(workdir: Path) -> list[dict[str, Any]]:
-    lines = (workdir / "stdout.txt").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip().startswith("{")]
 
 
 def test_codex_runs_a_tool_loop_against_the_mesh(codex_mesh: RunningMesh, tmp_path: Path) -> None:
@@ -90,7 +66,7 @@ def test_codex_runs_a_tool_loop_against_the_mesh(codex_mesh: RunningMesh, tmp_pa
     mesh_log = codex_mesh.log_path.read_text()[-4000:]
     assert proc.returncode == 0, f"codex exited {proc.returncode}\n{stderr[-4000:]}\n{mesh_log}"
 
-    events = _events(workdir)
+    events = stdout_events(workdir)
     items = [e["item"] for e in events if e["type"] == "item.completed"]
     runs = [i for i in items if i["type"] == "command_execution"]
     assert runs, items
