@@ -15,6 +15,22 @@ from typing import Literal, Protocol, runtime_checkable
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Paged-KV capacity and continuous-batching limits shared by the engines that schedule themselves."""
+
+    block_size: int = 16
+    num_blocks: int = 16384
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    max_tokens_default: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
 @dataclass(frozen=True)
 class EngineRequest:
     """One tokenized prompt plus sampling parameters, as an engine sees it."""

@@ -5,11 +5,12 @@ Each factory imports its engine lazily: torch and tensorrt_llm are loaded only w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from services.common.errors import InvalidRequestError, UnavailableError
 from services.common.model_dir import ModelDir
-from services.worker.engine import Engine
+from services.worker.engine import BatchingConfig, Engine
 from services.worker.settings import WorkerSettings
 
 
@@ -31,17 +32,14 @@ def _mocker(settings: WorkerSettings, model: ModelDir) -> Engine:
             decode_us_per_block=settings.decode_us_per_block,
             speedup=settings.speedup,
         )
-    config = MockerConfig(
-        block_size=settings.block_size,
-        num_blocks=settings.num_blocks,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_tokens_default=settings.max_tokens_default,
-        seed=settings.seed,
-        timing=timing,
-    )
+    config = MockerConfig(**_batching(settings), seed=settings.seed, timing=timing)
     script = Script.load(settings.script) if settings.script else None
     return MockerEngine(config, model, script)
+
+
+def _batching(settings: WorkerSettings) -> dict[str, int]:
+    """The :class:`BatchingConfig` fields, as the worker's settings give them."""
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(BatchingConfig)}
 
 
 def _torch(settings: WorkerSettings, model: ModelDir) -> Engine:
@@ -54,13 +52,7 @@ def _torch(settings: WorkerSettings, model: ModelDir) -> Engine:
         raise InvalidRequestError("--engine torch needs --model DIR: a Hugging Face causal LM (config + weights)")
     dtype = "float32" if settings.dtype == "auto" else settings.dtype
     runner = ModelRunner(model.path, dtype=dtype, threads=settings.torch_threads)
-    config = TorchConfig(
-        block_size=settings.block_size,
-        num_blocks=settings.num_blocks,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_tokens_default=settings.max_tokens_default,
-    )
+    config = TorchConfig(**_batching(settings))
     return TorchEngine(config, model, runner)
 
 

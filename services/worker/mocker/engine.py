@@ -18,6 +18,7 @@ import structlog
 from services.common.errors import ContextLengthError, InternalError, InvalidRequestError, as_mesh_error
 from services.common.model_dir import ModelDir
 from services.worker.engine import (
+    BatchingConfig,
     EngineInfo,
     EngineOutput,
     EngineRequest,
@@ -36,21 +37,11 @@ log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
-class MockerConfig:
-    """Knobs of the simulated engine."""
+class MockerConfig(BatchingConfig):
+    """Knobs of the simulated engine: batching limits plus filler seed and timing model."""
 
-    block_size: int = 16
-    num_blocks: int = 16384
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 8192
-    max_tokens_default: int = 1024
     seed: int = 0
     timing: StepTiming = field(default_factory=TimingModel)  # or DynamoTiming (``--timing-model dynamo``)
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
 
 
 class MockerEngine:

@@ -32,7 +32,15 @@ import torch
 
 from services.common.errors import InternalError, InvalidRequestError, as_mesh_error
 from services.common.model_dir import ModelDir
-from services.worker.engine import EngineInfo, EngineOutput, EngineRequest, EngineStats, FinishReason, KvEvent
+from services.worker.engine import (
+    BatchingConfig,
+    EngineInfo,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    KvEvent,
+)
 from services.worker.kv_feed import KvEventFeed
 from services.worker.mocker.block_manager import KvSequence
 from services.worker.outputs import RequestStream, check_request
@@ -45,19 +53,8 @@ _order = itertools.count()
 
 
 @dataclass(frozen=True)
-class TorchConfig:
+class TorchConfig(BatchingConfig):
     """Knobs of the torch engine (capacity in blocks of ``block_size`` tokens, batching limits)."""
-
-    block_size: int = 16
-    num_blocks: int = 16384
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 8192
-    max_tokens_default: int = 1024
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
 
 
 @dataclass(eq=False)
