@@ -2,45 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
-from opentelemetry import trace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import error_response, sse_error
+from gateway.handler_util import annotate_span, cancel_on_disconnect, first_frame, read_json
 from gateway.openai_convert import chat_request
 from gateway.openai_events import DISPATCH_EVENT, Aggregator, ChunkEncoder
 from gateway.openai_models import ChatCompletionRequest
 from gateway.parse_client import ParseClient
 from gateway.sse import DONE, EventStreamResponse, sse_frames
 from services.api import chat_pb2
-from services.common import errors
-
-
-async def read_json(request: Request) -> Any:
-    """The request body as JSON; malformed JSON is a 400."""
-    try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise errors.InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
-
-
-def annotate_span(request: chat_pb2.ChatRequest) -> None:
-    """Put who-and-what attributes on the request's root span."""
-    span = trace.get_current_span()
-    span.set_attribute("gen_ai.request.model", request.model)
-    span.set_attribute("model", request.model)
-    span.set_attribute("request.id", request.request_id)
-    span.set_attribute("session.id", request.identity.session_id)
-    span.set_attribute("trajectory.id", request.identity.trajectory_id)
-    span.set_attribute("harness.name", request.identity.harness)
 
 
 class ChatCompletions:
@@ -65,7 +43,7 @@ class ChatCompletions:
             encoder = ChunkEncoder(completion_id, public, created, include_usage=include_usage,
                                    dispatch_events=self._tool_dispatch)
             return await self._stream(chat, encoder)
-        return await _cancel_on_disconnect(request, self._complete(chat, completion_id, public, created))
+        return await cancel_on_disconnect(request, self._complete(chat, completion_id, public, created))
 
     async def _complete(
         self, chat: chat_pb2.ChatRequest, completion_id: str, model: str, created: int
@@ -80,14 +58,7 @@ class ChatCompletions:
 
     async def _stream(self, chat: chat_pb2.ChatRequest, encoder: ChunkEncoder) -> Response:
         stream = self._parse.chat(chat)
-        # Wait for the first frame so that errors found before any output keep their HTTP status.
-        try:
-            first = await anext(stream)
-        except StopAsyncIteration:
-            first = chat_pb2.ChatEventBatch()
-        except BaseException:
-            await stream.aclose()
-            raise
+        first = await first_frame(stream)
         head = encoder.feed(first)
         if encoder.error is not None:
             await stream.aclose()
@@ -119,28 +90,6 @@ def _frames(chunks: list[dict[str, Any]]) -> bytes:
         return sse_frames(chunks)
     named = b"event: " + DISPATCH_EVENT.encode() + b"\n"
     return b"".join((named if DISPATCH_EVENT in c else b"") + sse_frames([c]) for c in chunks)
-
-
-async def _cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
-    """Run ``work`` (a non-streaming request) but cancel it, and the parse call, if the client leaves."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        return error_response(errors.CancelledError("the client went away"))
-    return task.result()
 
 
 def _headers(request: Request) -> Mapping[str, str]:

@@ -12,7 +12,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.openai_chat import read_json
+from gateway.handler_util import read_json
 from gateway.openai_convert import convert_message, convert_tools, identity_and_hints
 from gateway.openai_models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 from gateway.parse_client import ParseClient

@@ -18,7 +18,7 @@ from gateway.anthropic.errors import error_response, from_validation_error, sse_
 from gateway.anthropic.events import PING, Event, MessageAssembler, MessageEncoder, sse_events
 from gateway.anthropic.models import CountTokensRequest, MessagesRequest
 from gateway.anthropic.signing import ThinkingSigner
-from gateway.openai_chat import _cancel_on_disconnect, annotate_span, read_json
+from gateway.handler_util import annotate_span, cancel_on_disconnect, first_frame, read_json
 from gateway.parse_client import ParseClient
 from gateway.sse import EventStreamResponse
 from services.api import chat_pb2, parse_pb2
@@ -77,7 +77,7 @@ class MessagesApi:
         encoder = MessageEncoder(message_id, public, self._signer)
         if body.stream:
             return await self._stream(chat, encoder)
-        return await _cancel_on_disconnect(request, self._complete(chat, encoder))
+        return await cancel_on_disconnect(request, self._complete(chat, encoder))
 
     async def _complete(self, chat: chat_pb2.ChatRequest, encoder: MessageEncoder) -> Response:
         assembler = MessageAssembler()
@@ -90,14 +90,7 @@ class MessagesApi:
 
     async def _stream(self, chat: chat_pb2.ChatRequest, encoder: MessageEncoder) -> Response:
         stream = self._parse.chat(chat)
-        # Wait for the first frame so that errors found before any output keep their HTTP status.
-        try:
-            first = await anext(stream)
-        except StopAsyncIteration:
-            first = chat_pb2.ChatEventBatch()
-        except BaseException:
-            await stream.aclose()
-            raise
+        first = await first_frame(stream)
         head = encoder.feed(first)
         if encoder.error is not None:
             await stream.aclose()

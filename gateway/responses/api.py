@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import error_response
-from gateway.openai_chat import _cancel_on_disconnect, annotate_span, read_json
+from gateway.handler_util import annotate_span, cancel_on_disconnect, first_frame, read_json
 from gateway.parse_client import ParseClient
 from gateway.responses.convert import Converted, chat_request
 from gateway.responses.events import ResponseEncoder, new_id
@@ -94,7 +94,7 @@ class ResponsesApi:
                                   include_encrypted=ENCRYPTED_REASONING in include)
         if body.stream:
             return await self._stream(body, converted, encoder)
-        return await _cancel_on_disconnect(request, self._complete(body, converted, encoder))
+        return await cancel_on_disconnect(request, self._complete(body, converted, encoder))
 
     def _remember(self, body: ResponsesRequest, converted: Converted, encoder: ResponseEncoder,
                   response: dict[str, Any]) -> None:
@@ -114,14 +114,7 @@ class ResponsesApi:
 
     async def _stream(self, body: ResponsesRequest, converted: Converted, encoder: ResponseEncoder) -> Response:
         stream = self._parse.chat(converted.chat)
-        # Wait for the first frame so that errors found before any output keep their HTTP status.
-        try:
-            first = await anext(stream)
-        except StopAsyncIteration:
-            first = chat_pb2.ChatEventBatch()
-        except BaseException:
-            await stream.aclose()
-            raise
+        first = await first_frame(stream)
         head = encoder.start() + encoder.feed(first)
         if encoder.error is not None:
             await stream.aclose()
