@@ -10,4 +10,4 @@ RUN pip install --no-cache-dir .
 
 ENV PYTHONUNBUFFERED=1
 # Default: the whole mesh in one container (nats-server included). compose.yaml runs one process per service.
-CMD ["harnessmesh", "up", "--host", "0.0.0.0", "--http-port", "8000", "--grpc-port", "8001"]
+CMD ["harnessmesh", "up", "--host", "0.0.0.0", "--http-port", "8000", "--grpc-port", "8001", "--served-model-name", "demo"]
