@@ -193,7 +193,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         """The worker's frames; worker failures (error, stall, gone) become :class:`_WorkerFailed`."""
         while True:
             try:
-                frame = await asyncio.wait_for(attempt.call.read(), self._limits.stall_timeout)
+                # asyncio.timeout, not wait_for: no Task per frame on the hot path.
+                async with asyncio.timeout(self._limits.stall_timeout):
+                    frame = await attempt.call.read()
             except TimeoutError:
                 gone = self._router.forget(attempt.worker_id)
                 log.warning("router.worker_stalled", worker_id=attempt.worker_id, forgotten=gone is not None,
