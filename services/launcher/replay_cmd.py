@@ -19,7 +19,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING
 
-from services.router.policy import MODES
+from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
 if TYPE_CHECKING:
     from services.router.sim.metrics import ReplayResult
@@ -36,7 +36,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--num-blocks", type=int, default=16384, help="KV blocks per worker (default 16384)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most requests per engine step (default 256)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step (default 8192)")
-    p.add_argument("--overlap-weight", type=float, default=1.0, help="kv cost weight of prefill blocks")
+    p.add_argument("--overlap-weight", type=float, default=DEFAULT_OVERLAP_WEIGHT,
+                   help=f"kv cost weight of prefill blocks (default {DEFAULT_OVERLAP_WEIGHT})")
     p.add_argument("--router-temperature", type=float, default=0.0, help="softmax temperature of kv placement")
     p.add_argument("--speedup", type=float, default=1.0, help="divide the trace's arrival gaps by this factor")
     p.add_argument("--limit", type=int, default=0, help="replay only the first N requests (0: all)")

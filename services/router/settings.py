@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
+from services.router.policy import DEFAULT_OVERLAP_WEIGHT
 
 ROUTING_MODES = ("kv", "round-robin", "random", "least-loaded")
 
@@ -19,7 +20,8 @@ class RouterSettings(CommonSettings):
     nats_url: str = option("nats://127.0.0.1:4222", "NATS server carrying KV events and worker heartbeats.",
                            shared=True)
     router_mode: str = option("kv", "Placement policy.", choices=ROUTING_MODES, shared=True)
-    overlap_weight: float = option(1.0, "Cost weight of prefill blocks a worker would have to compute.")
+    overlap_weight: float = option(
+        DEFAULT_OVERLAP_WEIGHT, "Cost weight of prefill blocks a worker would have to compute.")
     router_temperature: float = option(
         0.0, "Softmax temperature of kv placement (0: always the cheapest worker).")
     worker_timeout: float = option(5.0, "Seconds without a heartbeat after which a worker is forgotten.")

@@ -27,6 +27,7 @@ from services.common.model_dir import load_model_dir
 from services.launcher.mesh import free_port
 from services.launcher.nats_server import NatsServer
 from services.launcher.services import ROUTER, WORKER, child_argv
+from services.router.policy import DEFAULT_OVERLAP_WEIGHT
 from services.router.settings import RouterSettings
 from services.worker.settings import WorkerSettings
 
@@ -43,7 +44,7 @@ class LiveMeshConfig:
     num_blocks: int = 16384
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    overlap_weight: float = 1.0
+    overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
     temperature: float = 0.0
     compression: float = 1.0
     startup_timeout: float = 60.0

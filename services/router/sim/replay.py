@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from services.common.model_dir import ModelDir, load_model_dir
 from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, StoredEvent
-from services.router.policy import PlacementPolicy
+from services.router.policy import DEFAULT_OVERLAP_WEIGHT, PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerRegistry
 from services.router.router import InFlight, Router
 from services.router.sim.metrics import ReplayResult, RequestRecord, summarise
@@ -35,7 +35,7 @@ class ReplayConfig:
     mode: str = "kv"
     worker: SimWorkerConfig = field(default_factory=SimWorkerConfig)
     timing: DynamoTiming = field(default_factory=DynamoTiming)
-    overlap_weight: float = 1.0
+    overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
     temperature: float = 0.0
     speedup: float = 1.0
     seed: int = 0
