@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
+from services.common.errors import MeshError
 from services.common.logging import configure_logging
 from services.common.settings import as_log_dict
 
@@ -17,7 +19,9 @@ from services.common.settings import as_log_dict
 def run_service(service: str, settings: Any, serve: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
     """Configure logging, log the settings once, and run ``serve(settings, stop)`` until SIGINT/SIGTERM.
 
-    ``serve`` must return soon after ``stop`` is set; it owns all its resources.
+    ``serve`` must return soon after ``stop`` is set; it owns all its resources. A :class:`MeshError`
+    or ``OSError`` escaping it (a bad model directory, a port in use, an unreachable NATS) ends the
+    process with status 1 and one ``<service>.start_failed`` line naming the cause, not a traceback.
     """
     configure_logging(service, getattr(settings, "log_level", "info"), getattr(settings, "log_format", "json"))
     structlog.get_logger().info(f"{service}.settings", **as_log_dict(settings))
@@ -31,8 +35,14 @@ def run_service(service: str, settings: Any, serve: Callable[[Any, asyncio.Event
 
     try:
         import uvloop
+
+        runner: Callable[[Any], Any] = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
-        asyncio.run(main())
-        return
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(main())
+        runner = asyncio.run
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            runner(main())
+    except (MeshError, OSError) as exc:
+        message = exc.message if isinstance(exc, MeshError) else f"{type(exc).__name__}: {exc}"
+        structlog.get_logger().error(f"{service}.start_failed", error=message)
+        sys.exit(1)

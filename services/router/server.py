@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import nats
 import structlog
 from nats.aio.client import Client as NatsClient
 from opentelemetry import trace
@@ -18,6 +17,7 @@ from opentelemetry import trace
 from services.api import router_pb2_grpc
 from services.common.grpc_util import GrpcServer
 from services.common.metrics import MetricsServer, serve_metrics
+from services.common.nats_util import connect_nats
 from services.common.tracing import Tracing
 from services.router.admission import AdmissionQueue
 from services.router.events import WorkerEventsConsumer
@@ -75,7 +75,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     metrics = RouterMetrics()
     metrics.watch(registry, lambda: len(admission))
     servicer = RouterServicer(router, channels, limits, tracer, admission, metrics)
-    nc = await nats.connect(settings.nats_url, name="harnessmesh-router", max_reconnect_attempts=-1)
+    nc = await connect_nats(settings.nats_url, "harnessmesh-router")
 
     async def on_gone(endpoint: WorkerEndpoint, expired: bool) -> None:
         if expired:

@@ -14,7 +14,6 @@ import contextlib
 import secrets
 from dataclasses import dataclass
 
-import nats
 import structlog
 from nats.aio.client import Client as NatsClient
 
@@ -22,6 +21,7 @@ from services.api import kv_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common.grpc_util import GrpcServer
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
+from services.common.nats_util import connect_nats
 from services.common.tracing import Tracing
 from services.worker import convert
 from services.worker.engine import Engine
@@ -82,7 +82,7 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     metrics.watch(engine, worker_id)
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine, worker_id, info, tracer, metrics),
                                                  server.server)
-    nc = await nats.connect(settings.nats_url, name=worker_id, connect_timeout=5, max_reconnect_attempts=-1)
+    nc = await connect_nats(settings.nats_url, worker_id)
     try:
         await engine.start()
         publisher = KvPublisher(nc, engine, info, namespace=settings.namespace,
