@@ -35,3 +35,18 @@ def test_bad_model_directory_is_one_error_line_and_status_1() -> None:
     assert "Traceback" not in done.stderr
     failed = [json.loads(line) for line in done.stderr.splitlines() if '"worker.start_failed"' in line]
     assert failed and "/nonexistent/model" in failed[0]["error"]
+
+
+def test_port_in_use_is_one_error_line_and_status_1() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "services.worker", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    failed = [json.loads(line) for line in done.stderr.splitlines() if '"worker.start_failed"' in line]
+    assert failed and f"127.0.0.1:{port}" in failed[0]["error"]

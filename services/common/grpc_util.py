@@ -29,7 +29,10 @@ class GrpcServer:
         self.server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind ...") for a port in use
+            raise OSError(f"cannot bind gRPC server to {host}:{port}: {exc}") from exc
         if self.port == 0:
             raise OSError(f"cannot bind gRPC server to {host}:{port}")
         self.host = host

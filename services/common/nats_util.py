@@ -7,8 +7,11 @@ import contextlib
 from typing import Any
 
 import nats
+import structlog
 
 from services.common.errors import UnavailableError
+
+log = structlog.get_logger()
 
 STARTUP_TIMEOUT = 30.0
 
@@ -19,9 +22,20 @@ async def connect_nats(url: str, name: str, timeout: float = STARTUP_TIMEOUT) ->
     nats-py retries an initial connect forever when reconnects are unbounded, so a wrong ``--nats-url``
     would otherwise hang the process at start-up; this raises :class:`UnavailableError` naming the URL.
     """
-    attempt = asyncio.ensure_future(
-        nats.connect(url, name=name, connect_timeout=2, reconnect_time_wait=0.5, max_reconnect_attempts=-1)
-    )
+
+    async def on_error(exc: Exception) -> None:  # one line, not nats-py's default traceback per attempt
+        log.warning("nats.error", url=url, error=f"{type(exc).__name__}: {exc}")
+
+    async def on_disconnected() -> None:
+        log.warning("nats.disconnected", url=url)
+
+    async def on_reconnected() -> None:
+        log.info("nats.reconnected", url=url)
+
+    attempt = asyncio.ensure_future(nats.connect(
+        url, name=name, connect_timeout=2, reconnect_time_wait=0.5, max_reconnect_attempts=-1,
+        error_cb=on_error, disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+    ))
     try:
         return await asyncio.wait_for(asyncio.shield(attempt), timeout)
     except TimeoutError:
