@@ -1,7 +1,8 @@
-"""Request validation and the consumer side of a request, shared by the real engines (torch, trtllm).
+"""Request validation and the consumer side of a request, shared by every engine.
 
-The mocker keeps its own copy inside ``mocker/request.py``; this module has the same semantics
-(see the worker README's invariants): the first output carries ``PromptInfo``, the last one
+:class:`OutputBuffer` is the one implementation of the output contract (see the worker README's
+invariants); the mocker's ``MockRequest`` and the real engines' :class:`RequestStream` build on it:
+the first output carries ``PromptInfo``, the last one
 ``finish_reason`` and ``usage``; each output holds every token produced since the consumer's
 previous read; EOS / stop token ids end the request with ``stop`` and are not emitted; a matched stop
 string is not emitted (``mocker/stops.py`` holds back tokens that may start one).
@@ -57,16 +58,23 @@ def check_request(
     return CheckedRequest(request, max_tokens, frozenset(stop_ids))
 
 
-class RequestStream:
-    """Tokens in from an engine (``deliver``), :class:`EngineOutput` batches out to one consumer."""
+class OutputBuffer:
+    """Tokens in from an engine, :class:`EngineOutput` batches out to one consumer.
 
-    def __init__(self, checked: CheckedRequest, tokenizer: Tokenizer) -> None:
-        self.request = checked.request
-        self.request_id = checked.request.request_id
-        self.prompt_len = len(checked.request.token_ids)
-        self.max_tokens = checked.max_tokens
-        self.stop_ids = checked.stop_ids
-        self.matcher = StopStringMatcher(tokenizer, checked.request.stop)
+    Subclasses say when the prompt is done and feed tokens through :meth:`_accept`; ``finish`` here
+    keeps tokens held back for a possible stop string (the mocker's behaviour), :class:`RequestStream`
+    releases them.
+    """
+
+    def __init__(
+        self, request: EngineRequest, *, max_tokens: int, stop_ids: frozenset[int], matcher: StopStringMatcher
+    ) -> None:
+        self.request = request
+        self.request_id = request.request_id
+        self.prompt_len = len(request.token_ids)
+        self.max_tokens = max_tokens
+        self.stop_ids = stop_ids
+        self.matcher = matcher
         self.generated = 0
         self.cached_tokens: int | None = None
         self.finish_reason: FinishReason | None = None
@@ -81,24 +89,20 @@ class RequestStream:
     def finished(self) -> bool:
         return self.finish_reason is not None or self.error is not None
 
-    def prompt_done(self, cached_tokens: int) -> None:
-        """The prompt is prefilled; ``cached_tokens`` of it came from the prefix cache."""
-        if self.cached_tokens is None:
-            self.cached_tokens = cached_tokens
-        if not self._prompt_sent and not self._prompt_pending:
-            self._prompt_pending = True
-            self.ready.set()
+    def _queue_prompt_info(self) -> bool:
+        """Queue the prompt info for the next output, once; True if it was queued now."""
+        if self._prompt_sent or self._prompt_pending:
+            return False
+        self._prompt_pending = True
+        self.ready.set()
+        return True
 
-    def deliver(self, token: int) -> bool:
-        """A generated token: apply stop rules, queue what may be emitted; True when the request ended."""
-        if self.finished:
-            return True
-        if self.cached_tokens is None:
-            self.prompt_done(0)
+    def _accept(self, token: int) -> bool:
+        """Apply the stop rules to a generated token; False when it was a stop token id (never emitted)."""
         if token in self.stop_ids:
             self._out.extend(self.matcher.flush())
             self.finish("stop")
-            return True
+            return False
         self.generated += 1
         self._out.extend(self.matcher.push(token))
         if self.matcher.stop_string:
@@ -107,12 +111,10 @@ class RequestStream:
             self._out.extend(self.matcher.flush())
             self.finish("length")
         self.ready.set()
-        return self.finished
+        return True
 
     def finish(self, reason: FinishReason) -> None:
         if not self.finished:
-            if reason != "cancelled":
-                self._out.extend(self.matcher.flush())
             self.finish_reason = reason
         self.ready.set()
 
@@ -120,6 +122,9 @@ class RequestStream:
         if not self.finished:
             self.error = error
         self.ready.set()
+
+    def _prompt_info(self) -> PromptInfo:
+        return PromptInfo(self.prompt_len, self.cached_tokens or 0)
 
     def take_output(self) -> EngineOutput | None:
         """Everything queued since the last call as one output (None when there is nothing new)."""
@@ -129,7 +134,7 @@ class RequestStream:
         prompt = None
         if self._prompt_pending:
             self._prompt_pending, self._prompt_sent = False, True
-            prompt = PromptInfo(self.prompt_len, self.cached_tokens or 0)
+            prompt = self._prompt_info()
         if self.finish_reason is None:
             if not tokens and prompt is None:
                 return None
@@ -137,6 +142,34 @@ class RequestStream:
         self._final_sent = True
         usage = Usage(self.prompt_len, self.generated, self.cached_tokens or 0)
         return EngineOutput(tokens, prompt, self.finish_reason, usage, self.matcher.stop_string)
+
+
+class RequestStream(OutputBuffer):
+    """A real engine's request: tokens in from the engine (``deliver``), outputs out (``outputs``)."""
+
+    def __init__(self, checked: CheckedRequest, tokenizer: Tokenizer) -> None:
+        super().__init__(checked.request, max_tokens=checked.max_tokens, stop_ids=checked.stop_ids,
+                         matcher=StopStringMatcher(tokenizer, checked.request.stop))
+
+    def prompt_done(self, cached_tokens: int) -> None:
+        """The prompt is prefilled; ``cached_tokens`` of it came from the prefix cache."""
+        if self.cached_tokens is None:
+            self.cached_tokens = cached_tokens
+        self._queue_prompt_info()
+
+    def deliver(self, token: int) -> bool:
+        """A generated token: apply stop rules, queue what may be emitted; True when the request ended."""
+        if self.finished:
+            return True
+        if self.cached_tokens is None:
+            self.prompt_done(0)
+        self._accept(token)
+        return self.finished
+
+    def finish(self, reason: FinishReason) -> None:
+        if not self.finished and reason != "cancelled":
+            self._out.extend(self.matcher.flush())
+        super().finish(reason)
 
     async def outputs(self) -> AsyncGenerator[EngineOutput, None]:
         """Wait for and yield outputs until the final one (raises the request's error, if any)."""
