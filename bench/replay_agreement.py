@@ -25,12 +25,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.router.sim.live import replay_live
-from services.router.sim.live_mesh import LiveMeshConfig, live_mesh
-from services.router.sim.metrics import ReplayResult
-from services.router.sim.replay import ReplayConfig, replay
-from services.router.sim.trace import TraceRequest, load_trace
-from services.router.sim.worker import SimWorkerConfig
+from services.replay.live import replay_live
+from services.replay.live_mesh import LiveMeshConfig, live_mesh
+from services.replay.metrics import ReplayResult
+from services.replay.sim_worker import SimWorkerConfig
+from services.replay.simulator import ReplayConfig, replay
+from services.replay.trace import TraceRequest, load_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
 PROBE_BASE = 3_000_000  # hash ids far above the trace's: probes share nothing with it or each other

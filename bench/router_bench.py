@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.common.block_hash import sequence_hashes
+from services.replay.trace import ideal_reuse, load_trace
 from services.router.index import KvIndex, StoredEvent
-from services.router.sim.trace import ideal_reuse, load_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
 

@@ -22,7 +22,7 @@ _SHAPES: tuple[tuple[type[errors.MeshError], str, str | None], ...] = (
     (errors.NotFoundError, "not_found_error", "model_not_found"),
     (errors.UnavailableError, "service_unavailable", "service_unavailable"),
     (errors.UnauthenticatedError, "authentication_error", "invalid_api_key"),
-    (errors.CancelledError, "cancelled", "cancelled"),
+    (errors.RequestCancelledError, "cancelled", "cancelled"),
     (errors.InternalError, "server_error", None),
 )
 

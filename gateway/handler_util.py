@@ -69,5 +69,5 @@ async def cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, Respo
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     if task.cancelled():
-        return error_response(errors.CancelledError("the client went away"))
+        return error_response(errors.RequestCancelledError("the client went away"))
     return task.result()

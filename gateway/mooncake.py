@@ -5,7 +5,7 @@ turn of a trajectory is assumed to extend that trajectory's previous turn (promp
 messages), so it reuses the previous prompt's full 512-token blocks up to the tokens they share and
 gets fresh hash ids for the rest; a trajectory's first turn starts fresh. Timestamps are milliseconds
 since the first record; failed requests are skipped. Output lines are
-``{"timestamp", "input_length", "output_length", "hash_ids"}`` (``services/router/sim/trace.py``).
+``{"timestamp", "input_length", "output_length", "hash_ids"}`` (``services/replay/trace.py``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ _SHAPES: tuple[tuple[type[errors.MeshError], str, int], ...] = (
     (errors.NotFoundError, "not_found_error", 404),
     (errors.UnavailableError, "overloaded_error", 529),
     (errors.UnauthenticatedError, "authentication_error", 401),
-    (errors.CancelledError, "api_error", 499),
+    (errors.RequestCancelledError, "api_error", 499),
     (errors.InternalError, "api_error", 500),
 )
 

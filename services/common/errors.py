@@ -67,7 +67,7 @@ class UnauthenticatedError(MeshError):
     http_status = 401
 
 
-class CancelledError(MeshError):
+class RequestCancelledError(MeshError):
     """The client went away."""
 
     code = common_pb2.ERROR_CODE_CANCELLED
@@ -87,7 +87,7 @@ _BY_CODE: dict[int, type[MeshError]] = {
         NotFoundError,
         UnavailableError,
         UnauthenticatedError,
-        CancelledError,
+        RequestCancelledError,
         InternalError,
     )
 }

@@ -8,10 +8,6 @@ def kv_events(namespace: str, worker_id: str) -> str:
     return f"harnessmesh.{namespace}.kv.{worker_id}"
 
 
-def kv_events_all(namespace: str) -> str:
-    return f"harnessmesh.{namespace}.kv.*"
-
-
 def heartbeat(namespace: str) -> str:
     """WorkerHeartbeat messages of every worker."""
     return f"harnessmesh.{namespace}.workers.heartbeat"

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
 if TYPE_CHECKING:
-    from services.router.sim.metrics import ReplayResult
-    from services.router.sim.trace import TraceRequest
+    from services.replay.metrics import ReplayResult
+    from services.replay.trace import TraceRequest
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,10 +51,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(ns: argparse.Namespace) -> int:
-    from services.router.sim.live import replay_live
-    from services.router.sim.replay import ReplayConfig, replay
-    from services.router.sim.trace import load_trace
-    from services.router.sim.worker import SimWorkerConfig
+    from services.replay.live import replay_live
+    from services.replay.sim_worker import SimWorkerConfig
+    from services.replay.simulator import ReplayConfig, replay
+    from services.replay.trace import load_trace
 
     modes = [m.strip() for m in ns.router.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -80,8 +80,8 @@ def run(ns: argparse.Namespace) -> int:
 
 
 async def _replay_live_mesh(ns: argparse.Namespace, mode: str, trace: list[TraceRequest]) -> ReplayResult:
-    from services.router.sim.live import replay_live
-    from services.router.sim.live_mesh import LiveMeshConfig, live_mesh
+    from services.replay.live import replay_live
+    from services.replay.live_mesh import LiveMeshConfig, live_mesh
 
     config = LiveMeshConfig(
         workers=ns.workers, mode=mode, block_size=ns.block_size, num_blocks=ns.num_blocks,

@@ -1,6 +1,6 @@
 """The router's domain core: the KV index, the live workers, and placement decisions.
 
-Shared by the router process and the trace-replay simulator (``services/router/sim``): neither gRPC nor
+Shared by the router process and the trace-replay simulator (``services/replay``): neither gRPC nor
 NATS is imported here.
 """
 

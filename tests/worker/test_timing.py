@@ -105,6 +105,7 @@ def test_timing_model_option_selects_the_engine_model() -> None:
 
 
 def test_simulator_and_mocker_share_one_timing_implementation() -> None:
-    from services.router.sim import replay, worker
+    from services.replay import sim_worker as worker
+    from services.replay import simulator as replay
 
     assert replay.DynamoTiming is worker.DynamoTiming is DynamoTiming

@@ -143,9 +143,6 @@ class CallEmitter:
         if body:
             events.append(TextDelta(body))
 
-    def drop_held_space(self) -> None:
-        self._held_space = ""
-
     def end_text(self, events: list[Event]) -> None:
         """End of stream: held whitespace is content only when no call was made."""
         if self._held_space and self.index < 0:

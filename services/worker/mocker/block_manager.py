@@ -88,9 +88,6 @@ class BlockManager:
         """Blocks an allocation may use: free plus evictable."""
         return self.free_blocks + self.cached_blocks
 
-    def is_cached(self, block_hash: int) -> bool:
-        return block_hash in self._full
-
     def ref_count(self, block_hash: int) -> int:
         block = self._full.get(block_hash)
         return 0 if block is None else block.ref_count

@@ -9,7 +9,7 @@ implements exactly them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,17 +30,6 @@ class CompletionOutputLike(Protocol):
     def token_ids_diff(self) -> list[int]: ...
     @property
     def finish_reason(self) -> str | None: ...
-
-
-class RequestOutputLike(Protocol):
-    """``tensorrt_llm.llmapi.RequestOutput`` (a ``GenerationResult``): async-iterable when streaming."""
-
-    @property
-    def outputs(self) -> Sequence[CompletionOutputLike]: ...
-    @property
-    def finished(self) -> bool: ...
-    def abort(self) -> None: ...
-    def __aiter__(self) -> AsyncIterator[Any]: ...
 
 
 class LlmLike(Protocol):

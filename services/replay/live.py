@@ -19,8 +19,8 @@ import uuid
 import grpc
 
 from services.api import common_pb2, router_pb2_grpc, worker_pb2
-from services.router.sim.metrics import ReplayResult, RequestRecord, summarise
-from services.router.sim.trace import TraceRequest
+from services.replay.metrics import ReplayResult, RequestRecord, summarise
+from services.replay.trace import TraceRequest
 
 
 async def replay_live(trace: list[TraceRequest], router_address: str, speedup: float = 1.0,

@@ -14,13 +14,13 @@ import random
 from dataclasses import dataclass, field
 
 from services.common.model_dir import ModelDir, load_model_dir
+from services.replay.metrics import ReplayResult, RequestRecord, summarise
+from services.replay.sim_worker import SimWorker, SimWorkerConfig
+from services.replay.trace import TraceRequest
 from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, StoredEvent
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerRegistry
 from services.router.router import InFlight, Router
-from services.router.sim.metrics import ReplayResult, RequestRecord, summarise
-from services.router.sim.trace import TraceRequest
-from services.router.sim.worker import SimWorker, SimWorkerConfig
 from services.worker import engine as eng
 from services.worker.mocker.request import MockRequest
 from services.worker.mocker.script import FillerVocabulary

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from services.launcher.cli import main
-from services.router.sim.replay import ReplayConfig, replay
-from services.router.sim.trace import TraceRequest, load_trace
-from services.router.sim.worker import SimWorkerConfig
+from services.replay.sim_worker import SimWorkerConfig
+from services.replay.simulator import ReplayConfig, replay
+from services.replay.trace import TraceRequest, load_trace
 from services.worker.mocker.timing import DynamoTiming
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from services.router.sim.live import replay_live
-from services.router.sim.live_mesh import LiveMeshConfig, live_mesh
-from services.router.sim.metrics import ReplayResult
-from services.router.sim.replay import Replay, ReplayConfig
-from services.router.sim.trace import TraceRequest, load_trace
-from services.router.sim.worker import SimWorkerConfig
+from services.replay.live import replay_live
+from services.replay.live_mesh import LiveMeshConfig, live_mesh
+from services.replay.metrics import ReplayResult
+from services.replay.sim_worker import SimWorkerConfig
+from services.replay.simulator import Replay, ReplayConfig
+from services.replay.trace import TraceRequest, load_trace
 
 CONVERSATIONS, TURNS, GAP_MS = 7, 6, 500.0
 COMPRESSION = 4.0
