@@ -3,8 +3,9 @@
 Run: ``python -m services.common.build_demo_model``.
 
 The demo model is a byte-level BPE tokenizer trained here on a small synthetic corpus, with the
-special tokens of a Qwen3-style format, and a ChatML/Qwen3-style chat template written for this
-project. It carries no weights: the mocker engine needs only the tokenizer and the template. The
+special tokens of a Qwen3-style format; its ChatML/Qwen3-style chat template, written for this
+project, is kept in the model directory itself (``demo_model/chat_template.jinja``). It carries no
+weights: the mocker engine needs only the tokenizer and the template. The
 output is committed; rerunning this script reproduces it.
 """
 
@@ -75,7 +76,8 @@ def build_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-CHAT_TEMPLATE = (Path(__file__).parent / "demo_chat_template.jinja").read_text
+# The template is hand-written and lives only in the committed model directory; a build elsewhere copies it.
+CHAT_TEMPLATE = DEMO_MODEL_DIR / "chat_template.jinja"
 
 
 def main() -> None:
@@ -95,7 +97,8 @@ def main() -> None:
         "add_bos_token": False,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE())
+    if out.resolve() != DEMO_MODEL_DIR.resolve():
+        (out / "chat_template.jinja").write_text(CHAT_TEMPLATE.read_text())
     eos = [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")]
     config = {
         "architectures": ["HarnessmeshDemoForCausalLM"],
