@@ -75,15 +75,14 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         attrs = {"session.id": request.identity.session_id, "trajectory.id": request.identity.trajectory_id,
                  "request.id": request_id}
         try:
-            prompt = await self._prompt(request, attrs)
+            prompt, max_tokens = await self._prompt(request, attrs)
         except MeshError as err:
             log.info("parse.request_rejected", request_id=request_id, error=err.message, param=err.param)
             await errors.abort_with(context, err)
             return
         model = self._format.served_model_name
-        generate = convert.generate_request(
-            request, prompt, request_id=request_id, model=model, stop_token_ids=self._format.stop_token_ids
-        )
+        generate = router_request(request, prompt, max_tokens, request_id=request_id, model=model,
+                                  stop_token_ids=self._format.stop_token_ids)
         pipeline = self._format.output_pipeline(prompt.text, prompt.schemas)
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
             tracker = _SpanEvents(span, self.metrics)
@@ -142,7 +141,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),
                      tool_calls=pipeline.tool_calls)
 
-    async def _prompt(self, request: chat_pb2.ChatRequest, attrs: dict[str, str]) -> Prompt:
+    async def _prompt(self, request: chat_pb2.ChatRequest, attrs: dict[str, str]) -> tuple[Prompt, int]:
+        """The rendered prompt and the ``max_tokens`` the router gets (see :meth:`ModelFormat.fit_max_tokens`)."""
         with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
             started = time.monotonic()
             conversation = convert.conversation_from_proto(request)
@@ -151,10 +151,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                                  "prompt.tools": len(request.tools)})
             self.metrics.render.observe(time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(prompt.token_ids))
-            # The request travels on to the router as is: clamp its cap here, where the prompt is known.
-            sampling = request.sampling
-            sampling.max_tokens = self._format.fit_max_tokens(len(prompt.token_ids), sampling.max_tokens)
-            return prompt
+            # The cap is clamped here, where the prompt is known (a prompt with no room left fails in this span).
+            return prompt, self._format.fit_max_tokens(len(prompt.token_ids), request.sampling.max_tokens)
 
     async def Tokenize(
         self, request: parse_pb2.TokenizeRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -191,6 +189,17 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             created=self._created,
             input_modalities=input_modalities(fmt.model_dir.config),
         )
+
+
+def router_request(
+    request: chat_pb2.ChatRequest, prompt: Prompt, max_tokens: int, *, request_id: str, model: str,
+    stop_token_ids: tuple[int, ...],
+) -> worker_pb2.GenerateRequest:
+    """The router's request for a chat turn: the client's sampling with ``max_tokens`` as given (the client's
+    cap fitted to the context). ``request`` is left as it came."""
+    out = convert.generate_request(request, prompt, request_id=request_id, model=model, stop_token_ids=stop_token_ids)
+    out.sampling.max_tokens = max_tokens
+    return out
 
 
 class _SpanEvents:

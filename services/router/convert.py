@@ -1,10 +1,21 @@
-"""Protobuf <-> router domain objects."""
+"""Protobuf <-> router domain objects (the router's only place besides the gRPC adapters that sees ``_pb2``)."""
 
 from __future__ import annotations
 
-from services.api import kv_pb2, worker_pb2
+from services.api import common_pb2, kv_pb2, worker_pb2
+from services.common import errors
 from services.router.index import ClearedEvent, KvEvent, RemovedEvent, StoredEvent
 from services.router.registry import WorkerEndpoint
+from services.router.stream import AttemptRequest, Frame, PromptInfo, ProxyRequest, Usage
+
+# FinishReason numbers <-> the domain's names ("stop", "length", ...); 0 (unspecified) is "" (not finished).
+_FINISH_NAMES: dict[int, str] = {
+    number: name.removeprefix("FINISH_REASON_").lower()
+    for name, number in common_pb2.FinishReason.items() if number
+}
+_FINISH_NUMBERS: dict[str, common_pb2.FinishReason.ValueType] = {
+    name: common_pb2.FinishReason.ValueType(number) for number, name in _FINISH_NAMES.items()
+}
 
 
 def kv_events(batch: kv_pb2.KvEventBatch) -> list[KvEvent]:
@@ -40,3 +51,76 @@ def worker_info(ep: WorkerEndpoint) -> worker_pb2.WorkerInfo:
         model=ep.model,
         engine=ep.engine,
     )
+
+
+def proxy_request(request: worker_pb2.GenerateRequest) -> ProxyRequest:
+    return ProxyRequest(
+        request_id=request.request_id,
+        token_ids=tuple(request.token_ids),
+        max_tokens=request.sampling.max_tokens,
+        osl=request.hints.osl,
+        priority=request.hints.priority,
+        cache_salt=request.cache_salt,
+        target_worker_id=request.target_worker_id,
+        prefill_only=request.prefill_only,
+    )
+
+
+def worker_request(request: worker_pb2.GenerateRequest, attempt: AttemptRequest) -> worker_pb2.GenerateRequest:
+    """The client's request as one attempt runs it (fields the router does not read travel unchanged)."""
+    out = worker_pb2.GenerateRequest()
+    out.CopyFrom(request)
+    if len(attempt.token_ids) != len(out.token_ids):  # a migration: the prompt plus the tokens so far
+        del out.token_ids[:]
+        out.token_ids.extend(attempt.token_ids)
+    # Assigned only when changed: an unset sub-message stays unset.
+    if attempt.max_tokens != out.sampling.max_tokens:
+        out.sampling.max_tokens = attempt.max_tokens
+    if attempt.osl != out.hints.osl:
+        out.hints.osl = attempt.osl
+    out.ClearField("target_worker_id")
+    out.prefill_only = False
+    return out
+
+
+def frame(response: worker_pb2.GenerateResponse) -> Frame:
+    """A worker's frame as a domain value."""
+    prompt = response.prompt if response.HasField("prompt") else None
+    usage = response.usage if response.HasField("usage") else None
+    return Frame(
+        token_ids=tuple(response.token_ids),
+        prompt=None if prompt is None else PromptInfo(prompt.prompt_tokens, prompt.cached_tokens, prompt.worker_id),
+        finish_reason=_finish_name(response.finish_reason),
+        usage=None if usage is None else Usage(
+            usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, usage.reasoning_tokens),
+        error=errors.from_proto(response.error) if response.HasField("error") else None,
+        stop_string=response.stop_string,
+    )
+
+
+def generate_response(frame: Frame) -> worker_pb2.GenerateResponse:
+    """A frame for the router's client."""
+    out = worker_pb2.GenerateResponse(
+        token_ids=frame.token_ids, finish_reason=_finish_number(frame.finish_reason), stop_string=frame.stop_string)
+    if frame.prompt is not None:
+        p = frame.prompt
+        out.prompt.CopyFrom(worker_pb2.PromptInfo(
+            prompt_tokens=p.prompt_tokens, cached_tokens=p.cached_tokens, worker_id=p.worker_id))
+    if frame.usage is not None:
+        u = frame.usage
+        out.usage.CopyFrom(common_pb2.Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                                            cached_tokens=u.cached_tokens, reasoning_tokens=u.reasoning_tokens))
+    if frame.error is not None:
+        out.error.CopyFrom(errors.to_proto(frame.error))
+    return out
+
+
+def _finish_name(number: int) -> str:
+    # A number this proto does not name (a newer worker's) keeps its number as its name.
+    return _FINISH_NAMES.get(number, str(number)) if number else ""
+
+
+def _finish_number(name: str) -> common_pb2.FinishReason.ValueType:
+    if not name:
+        return common_pb2.FINISH_REASON_UNSPECIFIED
+    return _FINISH_NUMBERS.get(name) or common_pb2.FinishReason.ValueType(int(name))

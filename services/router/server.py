@@ -20,14 +20,15 @@ from services.common.metrics import MetricsServer, serve_metrics
 from services.common.nats_util import connect_nats
 from services.common.tracing import Tracing
 from services.router.admission import AdmissionQueue
-from services.router.events import WorkerEventsConsumer
 from services.router.index import KvIndex
 from services.router.metrics import RouterMetrics
+from services.router.nats_consumer import WorkerEventsConsumer
 from services.router.policy import PlacementPolicy
+from services.router.proxy import Proxy, ProxyLimits
 from services.router.recovery import KvRecoverer
 from services.router.registry import WorkerEndpoint, WorkerRegistry
 from services.router.router import Router, Saturation
-from services.router.service import ProxyLimits, RouterServicer
+from services.router.service import RouterServicer
 from services.router.settings import RouterSettings
 from services.router.worker_client import GrpcRecoverySource, WorkerChannels
 
@@ -74,12 +75,13 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     tracer = tracing.tracer if tracing is not None else trace.get_tracer("harnessmesh.router")
     metrics = RouterMetrics()
     metrics.watch(registry, lambda: len(admission))
-    servicer = RouterServicer(router, channels, limits, tracer, admission, metrics)
+    proxy = Proxy(router, limits, admission=admission, tracer=tracer, metrics=metrics)
+    servicer = RouterServicer(proxy, channels, registry)
     nc = await connect_nats(settings.nats_url, "harnessmesh-router")
 
     async def on_gone(endpoint: WorkerEndpoint, expired: bool) -> None:
         if expired:
-            servicer.worker_gone(endpoint.worker_id)
+            proxy.worker_gone(endpoint.worker_id)
         admission.pump()
 
     consumer = WorkerEventsConsumer(nc, settings.namespace, router, recoverer, on_gone)

@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
-from services.router.policy import DEFAULT_OVERLAP_WEIGHT
-
-ROUTING_MODES = ("kv", "round-robin", "random", "least-loaded")
+from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
 
 @dataclass(frozen=True)
@@ -19,7 +17,7 @@ class RouterSettings(CommonSettings):
     port: int = option(50052, "gRPC port of the router (0: pick a free port).", wiring=True)
     nats_url: str = option("nats://127.0.0.1:4222", "NATS server carrying KV events and worker heartbeats.",
                            shared=True)
-    router_mode: str = option("kv", "Placement policy.", choices=ROUTING_MODES, shared=True)
+    router_mode: str = option("kv", "Placement policy.", choices=MODES, shared=True)
     overlap_weight: float = option(
         DEFAULT_OVERLAP_WEIGHT, "Cost weight of prefill blocks a worker would have to compute.")
     router_temperature: float = option(

@@ -1,19 +1,83 @@
-"""One client stream as the router sees it across worker attempts (retries and migrations).
+"""One Generate stream as the router sees it: domain values, and the stitching of worker attempts.
 
 The client must see one uninterrupted response: the first worker's ``prompt`` frame only, every token
 exactly once, and a final ``usage`` that counts the whole generation. After a worker fails mid-stream
 the next one gets the prompt plus the tokens generated so far, and ``max_tokens`` minus those tokens.
+
+No protobuf here: ``convert.py`` turns ``GenerateRequest`` / ``GenerateResponse`` into these values and back.
 """
 
 from __future__ import annotations
 
-from services.api import common_pb2, worker_pb2
+import dataclasses
+from dataclasses import dataclass
+
+from services.common.errors import MeshError
+
+
+@dataclass(frozen=True)
+class ProxyRequest:
+    """What the router reads from a Generate request (the rest travels to the worker untouched)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    max_tokens: int = 0             # 0: the worker's default
+    osl: int = 0                    # expected output length (agent hint; 0: unknown)
+    priority: int = 0               # admission order while every worker is saturated
+    cache_salt: str = ""
+    target_worker_id: str = ""      # run there if it is live (first attempt only)
+    prefill_only: bool = False      # compute the prompt's KV, stream no tokens
+
+
+@dataclass(frozen=True)
+class AttemptRequest:
+    """What one worker attempt runs: the prompt plus the tokens so far, and what is left of the limits.
+
+    The attempt never carries ``target_worker_id`` or ``prefill_only`` (a prefill-only request runs as
+    one token).
+    """
+
+    token_ids: tuple[int, ...]
+    max_tokens: int
+    osl: int
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    prompt_tokens: int
+    cached_tokens: int = 0
+    worker_id: str = ""
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a generate stream, from a worker or to the client."""
+
+    token_ids: tuple[int, ...] = ()
+    prompt: PromptInfo | None = None     # first frame only
+    finish_reason: str = ""              # last frame only: "stop", "length", ... ("": not the last frame)
+    usage: Usage | None = None           # last frame only
+    error: MeshError | None = None       # in-band error; the stream ends after it
+    stop_string: str = ""
+
+    @property
+    def final(self) -> bool:
+        """The worker says nothing after this frame."""
+        return bool(self.finish_reason) or self.error is not None
 
 
 class StreamProgress:
     """Tokens delivered so far and the bookkeeping to stitch worker attempts into one stream."""
 
-    def __init__(self, request: worker_pb2.GenerateRequest) -> None:
+    def __init__(self, request: ProxyRequest) -> None:
         self.request = request
         self.prompt_len = len(request.token_ids)
         self.generated: list[int] = []
@@ -26,56 +90,51 @@ class StreamProgress:
     @property
     def remaining(self) -> int | None:
         """Tokens still allowed (None: the worker's default applies)."""
-        limit = self.request.sampling.max_tokens
+        limit = self.request.max_tokens
         return None if limit <= 0 else max(limit - len(self.generated), 0)
 
-    def worker_request(self) -> worker_pb2.GenerateRequest:
+    def next_attempt(self) -> AttemptRequest:
         """The request for the next attempt: prompt plus everything generated so far."""
         self._attempt_base = len(self.generated)
-        out = worker_pb2.GenerateRequest()
-        out.CopyFrom(self.request)
+        request = self.request
+        token_ids, max_tokens, osl = request.token_ids, request.max_tokens, request.osl
         if self.generated:
-            out.token_ids.extend(self.generated)
-            out.sampling.max_tokens = self.remaining or 0
-            if out.hints.osl:
-                out.hints.osl = max(out.hints.osl - len(self.generated), 0)
+            token_ids = (*token_ids, *self.generated)
+            max_tokens = self.remaining or 0
+            if osl:
+                osl = max(osl - len(self.generated), 0)
         if self.prefill_only:
-            out.sampling.max_tokens = 1
-        out.ClearField("target_worker_id")
-        out.prefill_only = False
-        return out
+            max_tokens = 1
+        return AttemptRequest(token_ids, max_tokens, osl)
 
-    def absorb(self, frame: worker_pb2.GenerateResponse, worker_id: str) -> worker_pb2.GenerateResponse | None:
+    def absorb(self, frame: Frame, worker_id: str) -> Frame | None:
         """The frame to pass on to the client for one worker frame (None: nothing to say)."""
-        out = worker_pb2.GenerateResponse()
-        out.CopyFrom(frame)
-        if frame.HasField("prompt"):
+        out = frame
+        if frame.prompt is not None:
             if self._prompt_sent:
-                out.ClearField("prompt")
+                out = dataclasses.replace(out, prompt=None)
             else:
                 self._prompt_sent = True
                 self._cached_tokens = frame.prompt.cached_tokens
-                out.prompt.prompt_tokens = self.prompt_len
-                out.prompt.worker_id = out.prompt.worker_id or worker_id
+                out = dataclasses.replace(out, prompt=dataclasses.replace(
+                    frame.prompt, prompt_tokens=self.prompt_len, worker_id=frame.prompt.worker_id or worker_id))
         if self.prefill_only:
-            del out.token_ids[:]
+            out = dataclasses.replace(out, token_ids=())
         else:
             self.generated.extend(frame.token_ids)
-        if frame.HasField("usage"):
-            out.usage.prompt_tokens = self.prompt_len
-            out.usage.cached_tokens = self._cached_tokens
+        if frame.usage is not None:
             completion = 0 if self.prefill_only else self._attempt_base + frame.usage.completion_tokens
-            out.usage.completion_tokens = completion
-        if not (out.token_ids or out.HasField("prompt") or out.finish_reason or out.HasField("error")):
+            out = dataclasses.replace(out, usage=dataclasses.replace(
+                frame.usage, prompt_tokens=self.prompt_len, cached_tokens=self._cached_tokens,
+                completion_tokens=completion))
+        if not (out.token_ids or out.prompt is not None or out.finish_reason or out.error is not None):
             return None
         self.sent_any = True
         return out
 
-    def finished_early(self) -> worker_pb2.GenerateResponse | None:
+    def finished_early(self) -> Frame | None:
         """A final frame when a failed worker had already produced every allowed token."""
         if self.remaining != 0:
             return None
-        return worker_pb2.GenerateResponse(
-            finish_reason=common_pb2.FINISH_REASON_LENGTH,
-            usage=common_pb2.Usage(prompt_tokens=self.prompt_len, completion_tokens=len(self.generated),
-                                   cached_tokens=self._cached_tokens))
+        return Frame(finish_reason="length", usage=Usage(
+            prompt_tokens=self.prompt_len, completion_tokens=len(self.generated), cached_tokens=self._cached_tokens))

@@ -1,4 +1,4 @@
-"""gRPC side of the router's worker connections: channels, and the KvRecovery client."""
+"""gRPC side of the router's worker connections: channels, Generate streams, and the KvRecovery client."""
 
 from __future__ import annotations
 
@@ -6,12 +6,22 @@ from collections.abc import Sequence
 
 import grpc
 
-from services.api import kv_pb2, kv_pb2_grpc, worker_pb2_grpc
-from services.common.grpc_util import open_channel
+from services.api import kv_pb2, kv_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common import errors
+from services.common.grpc_util import drain, open_channel
 from services.common.tracing import Tracing
 from services.router import convert
 from services.router.index import KvEvent
+from services.router.proxy import RequestRejected, WorkerFailure
 from services.router.registry import WorkerEndpoint
+from services.router.stream import AttemptRequest, Frame
+
+# Statuses that mean "this worker cannot go on" rather than "the request is bad".
+WORKER_FAILURES = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.ABORTED,
+})
 
 
 class WorkerChannels:
@@ -38,6 +48,46 @@ class WorkerChannels:
     async def close_all(self) -> None:
         for address in list(self._channels):
             await self.close(address)
+
+
+class GrpcWorkerStream:
+    """:class:`services.router.proxy.WorkerStream` over one ``Worker.Generate`` call."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall[worker_pb2.GenerateRequest,
+                                                      worker_pb2.GenerateResponse]) -> None:
+        self._call = call
+
+    async def read(self) -> Frame | None:
+        try:
+            response = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            err = errors.from_rpc_error(exc)
+            if exc.code() in WORKER_FAILURES:
+                raise WorkerFailure(err.message) from None
+            raise RequestRejected(err) from None
+        if response is grpc.aio.EOF:
+            return None
+        assert isinstance(response, worker_pb2.GenerateResponse)
+        return convert.frame(response)
+
+    async def drain(self) -> None:
+        await drain(self._call)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class GrpcWorkerStreams:
+    """:class:`services.router.proxy.WorkerStreams` for one client request: each attempt is that request
+    (``convert.worker_request``) on the worker's channel."""
+
+    def __init__(self, channels: WorkerChannels, request: worker_pb2.GenerateRequest) -> None:
+        self._channels = channels
+        self._request = request
+
+    def open(self, endpoint: WorkerEndpoint, attempt: AttemptRequest) -> GrpcWorkerStream:
+        stub = self._channels.stub(endpoint.address)
+        return GrpcWorkerStream(stub.Generate(convert.worker_request(self._request, attempt)))
 
 
 class GrpcRecoverySource:

@@ -12,8 +12,9 @@ import pytest
 from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
 from services.common.grpc_util import GrpcServer, open_channel
 from services.common.model_dir import load_model_dir
-from services.parse.model_format import ModelFormat
+from services.parse.model_format import ModelFormat, Prompt
 from services.parse.server import RunningParse, start
+from services.parse.service import router_request
 from services.parse.settings import ParseSettings
 
 DEMO = load_model_dir(None)
@@ -189,6 +190,14 @@ async def test_max_tokens_beyond_the_context_is_clamped(mesh: tuple[FakeRouter, 
     await collect(stub, chat_request(sampling=common_pb2.SamplingParams(max_tokens=5000)))
     sent = router.requests[-1]
     assert sent.sampling.max_tokens == 4096 - len(sent.token_ids)
+
+
+def test_router_request_fits_max_tokens_without_touching_the_client_request() -> None:
+    client = chat_request(sampling=common_pb2.SamplingParams(max_tokens=5000, temperature=0.5))
+    sent = router_request(client, Prompt("hi", [1, 2, 3], "hi"), 4093, request_id="r1", model="m",
+                          stop_token_ids=(9,))
+    assert (sent.sampling.max_tokens, sent.sampling.temperature, list(sent.token_ids)) == (4093, 0.5, [1, 2, 3])
+    assert client.sampling.max_tokens == 5000
 
 
 async def test_tokenize_detokenize_get_model(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:

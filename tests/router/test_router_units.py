@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from services.api import common_pb2, worker_pb2
 from services.common.block_hash import sequence_hashes
+from services.router import convert
 from services.router.admission import AdmissionQueue
 from services.router.index import KvEvent, KvIndex, StoredEvent
 from services.router.policy import PlacementPolicy
@@ -129,17 +130,24 @@ def frame(tokens: list[int], **kw: object) -> worker_pb2.GenerateResponse:
     return worker_pb2.GenerateResponse(token_ids=tokens, **kw)  # type: ignore[arg-type]
 
 
+def absorb(progress: StreamProgress, response: worker_pb2.GenerateResponse,
+           worker_id: str) -> worker_pb2.GenerateResponse | None:
+    """StreamProgress.absorb between the worker's and the client's protobuf frames."""
+    out = progress.absorb(convert.frame(response), worker_id)
+    return None if out is None else convert.generate_response(out)
+
+
 def test_stream_progress_stitches_a_migration() -> None:
     req = worker_pb2.GenerateRequest(token_ids=[1, 2, 3], sampling=common_pb2.SamplingParams(max_tokens=5),
                                      hints=common_pb2.AgentHints(osl=5))
-    progress = StreamProgress(req)
-    first = progress.absorb(frame([7, 8], prompt=worker_pb2.PromptInfo(prompt_tokens=3, cached_tokens=2)), "a")
+    progress = StreamProgress(convert.proxy_request(req))
+    first = absorb(progress, frame([7, 8], prompt=worker_pb2.PromptInfo(prompt_tokens=3, cached_tokens=2)), "a")
     assert first is not None and first.prompt.worker_id == "a"
-    retry = progress.worker_request()
+    retry = convert.worker_request(req, progress.next_attempt())
     assert list(retry.token_ids) == [1, 2, 3, 7, 8] and retry.sampling.max_tokens == 3 and retry.hints.osl == 3
-    again = progress.absorb(frame([9], prompt=worker_pb2.PromptInfo(prompt_tokens=5, cached_tokens=4)), "b")
+    again = absorb(progress, frame([9], prompt=worker_pb2.PromptInfo(prompt_tokens=5, cached_tokens=4)), "b")
     assert again is not None and not again.HasField("prompt")
-    last = progress.absorb(frame([10, 11], finish_reason=common_pb2.FINISH_REASON_LENGTH,
+    last = absorb(progress, frame([10, 11], finish_reason=common_pb2.FINISH_REASON_LENGTH,
                                  usage=common_pb2.Usage(prompt_tokens=5, completion_tokens=3)), "b")
     assert last is not None
     assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.cached_tokens) == (3, 5, 2)
@@ -148,9 +156,9 @@ def test_stream_progress_stitches_a_migration() -> None:
 
 def test_prefill_only_streams_no_tokens() -> None:
     req = worker_pb2.GenerateRequest(token_ids=[1, 2, 3], prefill_only=True, target_worker_id="a")
-    progress = StreamProgress(req)
-    sent = progress.worker_request()
+    progress = StreamProgress(convert.proxy_request(req))
+    sent = convert.worker_request(req, progress.next_attempt())
     assert sent.sampling.max_tokens == 1 and not sent.prefill_only and not sent.target_worker_id
-    out = progress.absorb(frame([5], finish_reason=common_pb2.FINISH_REASON_LENGTH,
+    out = absorb(progress, frame([5], finish_reason=common_pb2.FINISH_REASON_LENGTH,
                                 usage=common_pb2.Usage(prompt_tokens=3, completion_tokens=1)), "a")
     assert out is not None and not out.token_ids and out.usage.completion_tokens == 0
