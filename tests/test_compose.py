@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from services.common.settings import env_name, fields_of, parse_settings
-from services.launcher.services import ALL_SERVICES, ServiceSpec
+from services.launcher.specs import ALL_SERVICES, ServiceSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = {spec.module: spec for spec in ALL_SERVICES}

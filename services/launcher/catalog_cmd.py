@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from services.common.settings import add_arguments, settings_from_namespace
+from services.launcher.settings import CatalogSettings
+
 HARNESSES = ("codex", "claude-code", "pi", "openclaw")
 API_KEY_ENV = "HARNESSMESH_API_KEY"
-CODEX_CATALOG_PATH = "~/.codex/harnessmesh-models.json"
 _CODEX_LEVEL_TEXT = {
     "minimal": "Fastest responses with minimal reasoning",
     "low": "Fast responses with lighter reasoning",
@@ -33,18 +36,12 @@ _CODEX_LEVEL_TEXT = {
 }
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``catalog`` on the ``harnessmesh`` subcommands."""
     parser = commands.add_parser("catalog", help="print the config that connects a harness to this mesh",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("harness", choices=HARNESSES)
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway's HTTP URL (default: %(default)s)")
-    parser.add_argument("--model", default="", help="served model name (default: the mesh's first model)")
-    parser.add_argument("--api-key", default="", help="API key for GET /v1/models, if the gateway needs one")
-    parser.add_argument("--catalog-path", default=CODEX_CATALOG_PATH,
-                        help="codex: where config.toml expects the catalog file (default: %(default)s)")
-    parser.add_argument("--only", choices=("catalog", "config"), default=None,
-                        help="print only the machine-readable catalog or only the config")
+    add_arguments(parser, CatalogSettings, "catalog", os.environ)
 
 
 def fetch_card(url: str, model: str, api_key: str = "", timeout: float = 10.0) -> dict[str, Any]:
@@ -129,14 +126,14 @@ def _toml(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
-def codex(card: dict[str, Any], url: str, args: argparse.Namespace) -> tuple[str, str]:
+def codex(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
     catalog = json.dumps({"models": [codex_model_entry(card)]}, indent=1)
     effort = (card.get("reasoning") or {}).get("default_level")
     config = "\n".join([
-        f"# ~/.codex/config.toml  (save the catalog JSON as {args.catalog_path}; export {API_KEY_ENV}=KEY)",
+        f"# ~/.codex/config.toml  (save the catalog JSON as {settings.catalog_path}; export {API_KEY_ENV}=KEY)",
         f"model = {_toml(card['id'])}",
         'model_provider = "harnessmesh"',
-        f"model_catalog_json = {_toml(args.catalog_path)}",
+        f"model_catalog_json = {_toml(settings.catalog_path)}",
         *([f"model_reasoning_effort = {_toml(effort)}"] if effort else []),
         "",
         "[model_providers.harnessmesh]",
@@ -148,7 +145,7 @@ def codex(card: dict[str, Any], url: str, args: argparse.Namespace) -> tuple[str
     return catalog, config
 
 
-def claude_code(card: dict[str, Any], url: str, args: argparse.Namespace) -> tuple[str, str]:
+def claude_code(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
     model = card["id"]
     lines = [
         "# Claude Code: export these, then run `claude`",
@@ -182,12 +179,12 @@ def _provider(card: dict[str, Any], url: str, api_key: str) -> dict[str, Any]:
     return {"baseUrl": url + "/v1", "api": "openai-completions", "apiKey": api_key, "models": [_pi_model(card)]}
 
 
-def pi(card: dict[str, Any], url: str, args: argparse.Namespace) -> tuple[str, str]:
+def pi(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
     body = json.dumps({"providers": {"harnessmesh": _provider(card, url, API_KEY_ENV)}}, indent=2)
     return body, f"# ~/.pi/agent/models.json, then: pi --provider harnessmesh --model {card['id']}\n{body}"
 
 
-def openclaw(card: dict[str, Any], url: str, args: argparse.Namespace) -> tuple[str, str]:
+def openclaw(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
     config = {
         "models": {"mode": "merge", "providers": {"harnessmesh": _provider(card, url, "${" + API_KEY_ENV + "}")}},
         "agents": {"defaults": {"model": {"primary": f"harnessmesh/{card['id']}"}}},
@@ -196,20 +193,21 @@ def openclaw(card: dict[str, Any], url: str, args: argparse.Namespace) -> tuple[
     return body, f"# merge into ~/.openclaw/openclaw.json\n{body}"
 
 
-_RENDERERS: dict[str, Callable[[dict[str, Any], str, argparse.Namespace], tuple[str, str]]] = {
+_RENDERERS: dict[str, Callable[[dict[str, Any], str, CatalogSettings], tuple[str, str]]] = {
     "codex": codex, "claude-code": claude_code, "pi": pi, "openclaw": openclaw,
 }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ns: argparse.Namespace) -> int:
     """Print the harness's config; 0 on success (fetch errors exit with a message)."""
-    url = args.url.rstrip("/").removesuffix("/v1")
-    card = fetch_card(url, args.model, args.api_key)
-    machine, human = _RENDERERS[args.harness](card, url, args)
-    if args.only == "catalog":
+    settings = settings_from_namespace(CatalogSettings, ns)
+    url = settings.url.rstrip("/").removesuffix("/v1")
+    card = fetch_card(url, settings.model, settings.api_key)
+    machine, human = _RENDERERS[ns.harness](card, url, settings)
+    if settings.only == "catalog":
         print(machine)
-    elif args.only == "config" or args.harness != "codex":
+    elif settings.only == "config" or ns.harness != "codex":
         print(human)
     else:
-        print(f"{human}\n\n# {args.catalog_path}\n{machine}")
+        print(f"{human}\n\n# {settings.catalog_path}\n{machine}")
     return 0

@@ -1,81 +1,21 @@
-"""The ``harnessmesh`` command.
-
-``harnessmesh up`` starts nats-server (unless ``--nats-url`` is given), the router, N workers, the
-parse service and the gateway as separate processes; waits until each is healthy; prints the
-endpoints (and one JSON ``mesh.ready`` line); and stops everything on Ctrl-C / SIGTERM. It exits
-non-zero if any child dies. Every option of every service is also an option here (same flag, same
-env var) and is passed on to the services that have it.
-"""
+"""The ``harnessmesh`` command: one subcommand per module (``up_cmd``, ``catalog_cmd``, ``replay_cmd``)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-import structlog
-
-from services.common.logging import configure_logging
-from services.common.settings import add_arguments, settings_from_namespace
-from services.launcher import catalog_cmd, replay_cmd
-from services.launcher.mesh import Mesh, ready_line
-from services.launcher.services import ALL_SERVICES, is_exposed
-from services.launcher.settings import LauncherSettings
+from services.launcher import catalog_cmd, replay_cmd, up_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harnessmesh", description="harnessmesh: an LLM mesh for agent harnesses")
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="start the whole mesh locally (no Docker)", description=__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    seen: set[str] = set()
-    add_arguments(up, LauncherSettings, "up", os.environ, seen=seen)
-    for spec in ALL_SERVICES:
-        add_arguments(up, spec.settings_class(), spec.name, os.environ, include=is_exposed, seen=seen)
+    up_cmd.add_parser(commands)
     catalog_cmd.add_parser(commands)
     replay_cmd.add_parser(commands)
     return parser
-
-
-def namespace_values(ns: argparse.Namespace) -> dict[str, Any]:
-    values = {k: v for k, v in vars(ns).items() if not k.startswith("_default_")}
-    for key, value in list(values.items()):
-        if value is None and hasattr(ns, f"_default_{key}"):
-            values[key] = getattr(ns, f"_default_{key}")
-    return values
-
-
-async def run_up(launcher: LauncherSettings, values: dict[str, Any]) -> int:
-    log = structlog.get_logger()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    mesh = Mesh(launcher, values)
-    try:
-        start = asyncio.create_task(mesh.start())
-        stopper = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([start, stopper], return_when=asyncio.FIRST_COMPLETED)
-        if start not in done:
-            start.cancel()
-            return 0
-        stopper.cancel()
-        endpoints = start.result()
-        print(f"harnessmesh is up\n  HTTP (OpenAI API):     {endpoints.http}/v1\n"
-              f"  gRPC AgentService:     {endpoints.grpc}\n  NATS:                  {endpoints.nats}\n"
-              f"  workers:               {', '.join(endpoints.workers)}\n"
-              f"  Prometheus /metrics:   {', '.join(f'{k} {v}' for k, v in endpoints.metrics.items())}", flush=True)
-        print(ready_line(endpoints), flush=True)
-        return await mesh.watch(stop)
-    except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
-        log.error("mesh.start_failed", error=str(exc))
-        return 1
-    finally:
-        await mesh.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,17 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command != "up":  # pragma: no cover - argparse enforces the choice
         parser.error(f"unknown command {ns.command}")
     try:
-        launcher = settings_from_namespace(LauncherSettings, ns)
+        launcher = up_cmd.settings(ns)
     except ValueError as exc:
         parser.error(str(exc))
-    configure_logging("launcher", launcher.log_level, launcher.log_format)
-    values = namespace_values(ns)
-    try:
-        import uvloop
-
-        return uvloop.run(run_up(launcher, values))
-    except KeyboardInterrupt:
-        return 130
+    return up_cmd.run(launcher, ns)
 
 
 if __name__ == "__main__":

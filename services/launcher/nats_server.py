@@ -8,6 +8,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from services.launcher.supervisor import terminate
+
+STOP_GRACE = 5.0
+
 
 def find_nats_server() -> str:
     """The nats-server binary: next to this Python (the package's entry point) or on PATH."""
@@ -55,11 +59,6 @@ class NatsServer:
                 await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 5)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
+        if self.process is not None:
+            await terminate([self.process], STOP_GRACE)
         self._data.cleanup()

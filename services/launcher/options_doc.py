@@ -9,8 +9,9 @@ import dataclasses
 from typing import Any
 
 from services.common.settings import env_name, fields_of, flag_name
-from services.launcher.services import ALL_SERVICES
-from services.launcher.settings import LauncherSettings
+from services.launcher.settings import CatalogSettings, UpSettings
+from services.launcher.specs import ALL_SERVICES
+from services.replay.settings import ReplaySettings
 
 HEADER = """# Options
 
@@ -40,9 +41,11 @@ def _table(cls: type[Any], service: str) -> list[str]:
 
 
 def render() -> str:
-    lines = [HEADER, "## `harnessmesh up`", "", *_table(LauncherSettings, "up"), ""]
+    lines = [HEADER, "## `harnessmesh up`", "", *_table(UpSettings, "up"), ""]
     for spec in ALL_SERVICES:
         lines += [f"## {spec.name}: `python -m {spec.module}`", "", *_table(spec.settings_class(), spec.name), ""]
+    lines += ["## `harnessmesh replay TRACE`", "", *_table(ReplaySettings, "replay"), ""]
+    lines += ["## `harnessmesh catalog HARNESS`", "", *_table(CatalogSettings, "catalog"), ""]
     return "\n".join(lines)
 
 

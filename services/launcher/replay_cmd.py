@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from typing import TYPE_CHECKING
 
-from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
+from services.common.settings import add_arguments, settings_from_namespace
+from services.replay.settings import ReplaySettings
 
 if TYPE_CHECKING:
     from services.replay.metrics import ReplayResult
@@ -27,69 +29,52 @@ if TYPE_CHECKING:
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``replay`` on the ``harnessmesh`` subcommands."""
     p = commands.add_parser("replay", help="replay a Mooncake trace (simulated, or against a live router)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", help="JSONL trace: {timestamp, input_length, output_length, hash_ids} per line")
-    p.add_argument("--workers", type=int, default=8, help="simulated workers (default 8)")
-    p.add_argument("--router", default="kv", help=f"routing mode, or several comma-separated: {', '.join(MODES)}")
-    p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
-    p.add_argument("--num-blocks", type=int, default=16384, help="KV blocks per worker (default 16384)")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests per engine step (default 256)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step (default 8192)")
-    p.add_argument("--overlap-weight", type=float, default=DEFAULT_OVERLAP_WEIGHT,
-                   help=f"kv cost weight of prefill blocks (default {DEFAULT_OVERLAP_WEIGHT})")
-    p.add_argument("--router-temperature", type=float, default=0.0, help="softmax temperature of kv placement")
-    p.add_argument("--speedup", type=float, default=1.0, help="divide the trace's arrival gaps by this factor")
-    p.add_argument("--limit", type=int, default=0, help="replay only the first N requests (0: all)")
-    p.add_argument("--live", action="store_true",
-                   help="replay against a live mesh of mocker workers started for each mode instead of simulating")
-    p.add_argument("--compression", type=float, default=1.0,
-                   help="live: simulated seconds per wall-clock second (the workers' --speedup; default 1)")
-    p.add_argument("--router-address", default="", help="replay against this live router instead of simulating")
-    p.add_argument("--log-dir", default="", help="--live: keep the mesh processes' logs here")
-    p.add_argument("--json", action="store_true", help="print one JSON object (per mode) instead of text")
+    add_arguments(p, ReplaySettings, "replay", os.environ)
 
 
 def run(ns: argparse.Namespace) -> int:
+    """Replay ``ns.trace`` in every mode of ``--router``; invalid options exit with their message."""
     from services.replay.live import replay_live
     from services.replay.sim_worker import SimWorkerConfig
     from services.replay.simulator import ReplayConfig, replay
     from services.replay.trace import load_trace
 
-    modes = [m.strip() for m in ns.router.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise SystemExit(f"unknown routing mode(s) {unknown}; valid modes: {', '.join(MODES)}")
-    if ns.speedup <= 0 or ns.workers < 1 or ns.compression <= 0:
-        raise SystemExit("--speedup and --compression must be > 0 and --workers >= 1")
-    trace = load_trace(ns.trace, ns.limit)
-    if ns.router_address:
-        result = asyncio.run(replay_live(trace, ns.router_address, ns.speedup, ns.compression))
-        _print("live", result, ns.json)
+    try:
+        s = settings_from_namespace(ReplaySettings, ns)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    trace = load_trace(ns.trace, s.limit)
+    if s.router_address:
+        result = asyncio.run(replay_live(trace, s.router_address, s.speedup, s.compression))
+        _print("live", result, s.json)
         return 0
-    if ns.live:
-        for mode in modes:
-            _print(f"{mode} live", asyncio.run(_replay_live_mesh(ns, mode, trace)), ns.json)
+    if s.live:
+        for mode in s.modes:
+            _print(f"{mode} live", asyncio.run(_replay_live_mesh(s, mode, trace)), s.json)
         return 0
-    worker = SimWorkerConfig(ns.block_size, ns.num_blocks, ns.max_num_seqs, ns.max_num_batched_tokens)
-    for mode in modes:
-        config = ReplayConfig(workers=ns.workers, mode=mode, worker=worker, overlap_weight=ns.overlap_weight,
-                              temperature=ns.router_temperature, speedup=ns.speedup)
-        _print(mode, replay(trace, config), ns.json)
+    worker = SimWorkerConfig(s.block_size, s.num_blocks, s.max_num_seqs, s.max_num_batched_tokens)
+    for mode in s.modes:
+        config = ReplayConfig(workers=s.workers, mode=mode, worker=worker, overlap_weight=s.overlap_weight,
+                              temperature=s.router_temperature, speedup=s.speedup)
+        _print(mode, replay(trace, config), s.json)
     return 0
 
 
-async def _replay_live_mesh(ns: argparse.Namespace, mode: str, trace: list[TraceRequest]) -> ReplayResult:
+async def _replay_live_mesh(s: ReplaySettings, mode: str, trace: list[TraceRequest]) -> ReplayResult:
     from services.replay.live import replay_live
     from services.replay.live_mesh import LiveMeshConfig, live_mesh
 
     config = LiveMeshConfig(
-        workers=ns.workers, mode=mode, block_size=ns.block_size, num_blocks=ns.num_blocks,
-        max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
-        overlap_weight=ns.overlap_weight, temperature=ns.router_temperature, compression=ns.compression,
-        log_dir=f"{ns.log_dir}/{mode}" if ns.log_dir else "")
+        workers=s.workers, mode=mode, block_size=s.block_size, num_blocks=s.num_blocks,
+        max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+        overlap_weight=s.overlap_weight, temperature=s.router_temperature, compression=s.compression,
+        log_dir=f"{s.log_dir}/{mode}" if s.log_dir else "")
     async with live_mesh(config) as mesh:
-        return await replay_live(trace, mesh.router_address, ns.speedup, ns.compression)
+        return await replay_live(trace, mesh.router_address, s.speedup, s.compression)
 
 
 def _print(mode: str, result: ReplayResult, as_json: bool) -> None:

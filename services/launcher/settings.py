@@ -1,4 +1,8 @@
-"""Settings of ``harnessmesh up`` itself; every service option is added on top of these."""
+"""Settings of the ``harnessmesh`` commands that the launcher runs itself: ``up`` and ``catalog``.
+
+``harnessmesh replay``'s settings belong to the replay package (:mod:`services.replay.settings`).
+Env names follow every service's: ``HARNESSMESH_UP_<OPTION>``, ``HARNESSMESH_CATALOG_<OPTION>``.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ from dataclasses import dataclass
 from services.common.service_settings import ProcessSettings
 from services.common.settings import option
 
+CODEX_CATALOG_PATH = "~/.codex/harnessmesh-models.json"
+
 
 @dataclass(frozen=True)
-class LauncherSettings(ProcessSettings):
+class UpSettings(ProcessSettings):
     """How many workers to start, which NATS to use, and how long to wait for the mesh."""
 
     workers: int = option(1, "Number of worker processes.")
@@ -23,3 +29,15 @@ class LauncherSettings(ProcessSettings):
             raise ValueError("--workers must be at least 1")
         if self.startup_timeout <= 0:
             raise ValueError("--startup-timeout must be > 0")
+
+
+@dataclass(frozen=True)
+class CatalogSettings:
+    """Which gateway to ask for its model cards, and what to print (the harness is the positional argument)."""
+
+    url: str = option("http://127.0.0.1:8000", "The gateway's HTTP URL.")
+    model: str = option("", "Served model name (empty: the mesh's first model).")
+    api_key: str = option("", "API key for GET /v1/models, if the gateway needs one.", secret=True)
+    catalog_path: str = option(CODEX_CATALOG_PATH, "codex: where config.toml expects the catalog file.")
+    only: str | None = option(None, "Print only the machine-readable catalog or only the config (default: both).",
+                              choices=("catalog", "config"))

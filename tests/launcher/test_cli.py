@@ -6,8 +6,9 @@ import sys
 import pytest
 
 from services.common.settings import fields_of, flag_name
-from services.launcher.cli import build_parser, namespace_values
-from services.launcher.services import ALL_SERVICES, WORKER, build_settings, child_argv, is_exposed
+from services.launcher.cli import build_parser
+from services.launcher.specs import ALL_SERVICES, WORKER, build_settings, child_argv, is_exposed
+from services.launcher.up_cmd import namespace_values
 
 
 def test_up_offers_every_exposed_option_of_every_service() -> None:

@@ -1,0 +1,42 @@
+"""Settings of ``harnessmesh replay`` (the trace is its positional argument; env ``HARNESSMESH_REPLAY_<OPTION>``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.settings import option
+from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """The simulated (or live) mesh to replay the trace on, the routing modes to compare, and the output."""
+
+    workers: int = option(8, "Workers of the simulated (or --live) mesh.")
+    router: str = option("kv", f"Routing mode, or several comma-separated: {', '.join(MODES)}.")
+    block_size: int = option(64, "Tokens per KV block.")
+    num_blocks: int = option(16384, "KV blocks per worker.")
+    max_num_seqs: int = option(256, "Most requests per engine step.")
+    max_num_batched_tokens: int = option(8192, "Token budget per step.")
+    overlap_weight: float = option(DEFAULT_OVERLAP_WEIGHT, "kv cost weight of prefill blocks.")
+    router_temperature: float = option(0.0, "Softmax temperature of kv placement.")
+    speedup: float = option(1.0, "Divide the trace's arrival gaps by this factor.")
+    limit: int = option(0, "Replay only the first N requests (0: all).")
+    live: bool = option(False, "Replay against a live mesh of mocker workers started for each mode instead of "
+                               "simulating.")
+    compression: float = option(1.0, "Live: simulated seconds per wall-clock second (the workers' --speedup).")
+    router_address: str = option("", "Replay against this live router instead of simulating.")
+    log_dir: str = option("", "--live: keep the mesh processes' logs here.")
+    json: bool = option(False, "Print one JSON object (per mode) instead of text.")
+
+    @property
+    def modes(self) -> list[str]:
+        """The routing modes of ``--router``, in order."""
+        return [m.strip() for m in self.router.split(",") if m.strip()]
+
+    def validate(self) -> None:
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown or not self.modes:
+            raise ValueError(f"unknown routing mode(s) {unknown}; valid modes: {', '.join(MODES)}")
+        if self.speedup <= 0 or self.workers < 1 or self.compression <= 0:
+            raise ValueError("--speedup and --compression must be > 0 and --workers >= 1")
