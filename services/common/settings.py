@@ -127,7 +127,8 @@ def add_arguments(
                 default = _convert(f.type, environ[env])
             except ValueError as exc:
                 parser.error(f"{env}={environ[env]!r}: {exc}")
-        help_text = f"{f.metadata['help']} [env {env}; default {default!r}]"
+        shown = "***" if f.metadata.get("secret") and default else repr(default)  # --help never prints a secret
+        help_text = f"{f.metadata['help']} [env {env}; default {shown}]"
         base = _base_type(f.type)
         kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": help_text}
         if f.metadata.get("metavar"):

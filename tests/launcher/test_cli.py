@@ -58,3 +58,14 @@ def test_options_doc_is_current() -> None:
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "options.md"
     assert doc.read_text() == render(), "run: python -m services.launcher.options_doc > docs/options.md"
+
+
+def test_help_never_prints_a_secret_taken_from_the_environment() -> None:
+    import os
+
+    env = {**os.environ, "HARNESSMESH_GATEWAY_API_KEY": "sk-do-not-print", "HARNESSMESH_CATALOG_API_KEY": "sk-nor-this"}
+    for argv in (["-m", "gateway", "--help"], ["-m", "services.launcher", "catalog", "--help"]):
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=False, timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "--api-key" in done.stdout
+        assert "sk-do-not-print" not in done.stdout and "sk-nor-this" not in done.stdout
