@@ -68,9 +68,8 @@ def compare(trace: list[TraceRequest], mode: str, ns: argparse.Namespace) -> dic
     config = ReplayConfig(workers=ns.workers, mode=mode, worker=worker, speedup=ns.speedup)
     sim = replay(trace, config)
     sim_probe = replay(probes(trace), ReplayConfig(workers=ns.workers, mode=mode, worker=worker))
-    mesh = LiveMeshConfig(workers=ns.workers, mode=mode, block_size=ns.block_size, num_blocks=ns.num_blocks,
-                          max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
-                          compression=ns.compression, log_dir=f"{ns.log_dir}/{mode}" if ns.log_dir else "")
+    mesh = LiveMeshConfig(workers=ns.workers, mode=mode, worker=worker, compression=ns.compression,
+                          log_dir=f"{ns.log_dir}/{mode}" if ns.log_dir else "")
     started = time.monotonic()
     live, live_probe = asyncio.run(run_live(trace, mesh, ns.speedup))
     return {

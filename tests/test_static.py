@@ -1,4 +1,4 @@
-"""Standing checks run with the suite: generated code current, ruff and mypy clean."""
+"""Standing checks run with the suite: generated code current, ruff and mypy clean, import rules kept."""
 
 from __future__ import annotations
 
@@ -29,3 +29,14 @@ def test_ruff_clean() -> None:
 def test_mypy_clean() -> None:
     done = run("-m", "mypy")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_import_rules_kept() -> None:
+    """The package boundaries in pyproject.toml's ``[tool.importlinter]`` (which process may import which)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())",
+         "--no-cache"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout, done.stdout

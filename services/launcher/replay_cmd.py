@@ -39,7 +39,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(ns: argparse.Namespace) -> int:
     """Replay ``ns.trace`` in every mode of ``--router``; invalid options exit with their message."""
     from services.replay.live import replay_live
-    from services.replay.sim_worker import SimWorkerConfig
     from services.replay.simulator import ReplayConfig, replay
     from services.replay.trace import load_trace
 
@@ -56,7 +55,7 @@ def run(ns: argparse.Namespace) -> int:
         for mode in s.modes:
             _print(f"{mode} live", asyncio.run(_replay_live_mesh(s, mode, trace)), s.json)
         return 0
-    worker = SimWorkerConfig(s.block_size, s.num_blocks, s.max_num_seqs, s.max_num_batched_tokens)
+    worker = s.worker()
     for mode in s.modes:
         config = ReplayConfig(workers=s.workers, mode=mode, worker=worker, overlap_weight=s.overlap_weight,
                               temperature=s.router_temperature, speedup=s.speedup)
@@ -69,9 +68,8 @@ async def _replay_live_mesh(s: ReplaySettings, mode: str, trace: list[TraceReque
     from services.replay.live_mesh import LiveMeshConfig, live_mesh
 
     config = LiveMeshConfig(
-        workers=s.workers, mode=mode, block_size=s.block_size, num_blocks=s.num_blocks,
-        max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-        overlap_weight=s.overlap_weight, temperature=s.router_temperature, compression=s.compression,
+        workers=s.workers, mode=mode, worker=s.worker(), overlap_weight=s.overlap_weight,
+        temperature=s.router_temperature, compression=s.compression,
         log_dir=f"{s.log_dir}/{mode}" if s.log_dir else "")
     async with live_mesh(config) as mesh:
         return await replay_live(trace, mesh.router_address, s.speedup, s.compression)

@@ -14,7 +14,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -23,6 +23,7 @@ from services.common.model_dir import load_model_dir
 from services.launcher.backend import start_backend
 from services.launcher.nats_server import NatsServer
 from services.launcher.supervisor import Supervisor, deadline_in, free_port
+from services.replay.sim_worker import SimWorkerConfig
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT
 
 LONG_CONTEXT = 1 << 20  # tokens: above any Mooncake prompt
@@ -34,10 +35,7 @@ class LiveMeshConfig:
 
     workers: int = 2
     mode: str = "kv"
-    block_size: int = 64
-    num_blocks: int = 16384
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    worker: SimWorkerConfig = field(default_factory=SimWorkerConfig)  # each worker's capacity and batching
     overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
     temperature: float = 0.0
     compression: float = 1.0
@@ -86,9 +84,9 @@ class LiveMesh:
             router_options={**quiet, "router_mode": c.mode, "overlap_weight": c.overlap_weight,
                             "router_temperature": c.temperature, "worker_timeout": 30.0, "stall_timeout": 600.0},
             worker_options=lambda name: {
-                **quiet, "engine": "mocker", "model": str(model), "block_size": c.block_size,
-                "num_blocks": c.num_blocks, "max_num_seqs": c.max_num_seqs,
-                "max_num_batched_tokens": c.max_num_batched_tokens, "timing_model": "dynamo",
+                **quiet, "engine": "mocker", "model": str(model), "block_size": c.worker.block_size,
+                "num_blocks": c.worker.num_blocks, "max_num_seqs": c.worker.max_num_seqs,
+                "max_num_batched_tokens": c.worker.max_num_batched_tokens, "timing_model": "dynamo",
                 "speedup": c.compression, "heartbeat_interval": 0.5})
         self.router_address = backend.router.grpc_address
         return self.router_address

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.settings import option
+from services.replay.sim_worker import SimWorkerConfig
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
+
+_WORKER = SimWorkerConfig()
 
 
 @dataclass(frozen=True)
@@ -14,10 +17,10 @@ class ReplaySettings:
 
     workers: int = option(8, "Workers of the simulated (or --live) mesh.")
     router: str = option("kv", f"Routing mode, or several comma-separated: {', '.join(MODES)}.")
-    block_size: int = option(64, "Tokens per KV block.")
-    num_blocks: int = option(16384, "KV blocks per worker.")
-    max_num_seqs: int = option(256, "Most requests per engine step.")
-    max_num_batched_tokens: int = option(8192, "Token budget per step.")
+    block_size: int = option(_WORKER.block_size, "Tokens per KV block.")
+    num_blocks: int = option(_WORKER.num_blocks, "KV blocks per worker.")
+    max_num_seqs: int = option(_WORKER.max_num_seqs, "Most requests per engine step.")
+    max_num_batched_tokens: int = option(_WORKER.max_num_batched_tokens, "Token budget per step.")
     overlap_weight: float = option(DEFAULT_OVERLAP_WEIGHT, "kv cost weight of prefill blocks.")
     router_temperature: float = option(0.0, "Softmax temperature of kv placement.")
     speedup: float = option(1.0, "Divide the trace's arrival gaps by this factor.")
@@ -28,6 +31,11 @@ class ReplaySettings:
     router_address: str = option("", "Replay against this live router instead of simulating.")
     log_dir: str = option("", "--live: keep the mesh processes' logs here.")
     json: bool = option(False, "Print one JSON object (per mode) instead of text.")
+
+    def worker(self) -> SimWorkerConfig:
+        """Each simulated (or live) worker's capacity and batching limits."""
+        return SimWorkerConfig(block_size=self.block_size, num_blocks=self.num_blocks, max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens)
 
     @property
     def modes(self) -> list[str]:

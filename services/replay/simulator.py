@@ -14,6 +14,10 @@ import random
 from dataclasses import dataclass, field
 
 from services.common.model_dir import ModelDir, load_model_dir
+from services.kvcore import domain as eng
+from services.kvcore.request import CoreRequest
+from services.kvcore.timing import DynamoTiming
+from services.kvcore.tokens import FillerVocabulary
 from services.replay.metrics import ReplayResult, RequestRecord, summarise
 from services.replay.sim_worker import SimWorker, SimWorkerConfig
 from services.replay.trace import TraceRequest
@@ -21,10 +25,6 @@ from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, 
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerRegistry
 from services.router.router import InFlight, Router
-from services.worker import engine as eng
-from services.worker.mocker.request import MockRequest
-from services.worker.mocker.script import FillerVocabulary
-from services.worker.mocker.timing import DynamoTiming
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Replay:
         self._seq = itertools.count()
         self._records: dict[str, RequestRecord] = {}
         self._inflight: dict[str, InFlight] = {}
-        self._running: dict[str, MockRequest] = {}
+        self._running: dict[str, CoreRequest] = {}
         self.now = 0.0
 
     @property
@@ -136,7 +136,7 @@ class Replay:
         self._finish(done)
         self._start(worker)
 
-    def _finish(self, done: list[MockRequest]) -> None:
+    def _finish(self, done: list[CoreRequest]) -> None:
         for req in done:
             record = self._records[req.request_id]
             record.finish_ms = self.now

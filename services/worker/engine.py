@@ -1,123 +1,36 @@
 """The engine contract every worker engine implements, and its domain types (no protobuf here).
 
 An engine owns a KV cache and a batching loop. The worker's gRPC servicer drives it through
-:class:`Engine`; the KV publisher drains :meth:`Engine.kv_events`. The simulated mocker engine
-(``services/worker/mocker``) is the reference implementation; real engines plug in behind the same
-protocol and must pass the same contract tests.
+:class:`Engine`; the KV publisher drains :meth:`Engine.kv_events`. The mocker and torch engines are
+the shared engine core (``services/kvcore``) plus their compute (``core_engine.py``); TensorRT-LLM
+schedules itself. All pass the same contract tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-FinishReason = Literal["stop", "length", "cancelled"]
+# The request / output / KV-event vocabulary is the engine core's (services/kvcore/domain.py); the
+# contract speaks it, so it is re-exported here for the servicer, the publisher and the engines.
+from services.kvcore.domain import (
+    EngineOutput,
+    EngineRequest,
+    FinishReason,
+    KvCleared,
+    KvEvent,
+    KvRemoved,
+    KvStored,
+    PromptInfo,
+    StoredBlock,
+    Usage,
+)
 
-
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    """Paged-KV capacity and continuous-batching limits shared by the engines that schedule themselves."""
-
-    block_size: int = 16
-    num_blocks: int = 16384
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 8192
-    max_tokens_default: int = 1024
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
-
-@dataclass(frozen=True)
-class EngineRequest:
-    """One tokenized prompt plus sampling parameters, as an engine sees it."""
-
-    request_id: str
-    token_ids: Sequence[int]
-    max_tokens: int = 0                       # 0: the engine's default
-    stop: Sequence[str] = ()                  # stop strings; the matched one is not emitted
-    stop_token_ids: Sequence[int] = ()        # end generation (the engine's EOS ids count too)
-    ignore_eos: bool = False                  # keep going past EOS (stop_token_ids still stop)
-    temperature: float | None = None          # accepted; the mocker does not sample
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    match_text: str = ""                      # text of the last user/tool message (scripted engines)
-    cache_salt: str = ""                      # changes block hashes (per-tenant isolation)
-    priority: int = 0                         # reserved: higher first when saturated
-
-
-@dataclass(frozen=True)
-class PromptInfo:
-    """Prompt accounting, sent once with the first output after the prompt was prefilled.
-
-    An engine that knows them reports how long the request waited for admission and how long its
-    prefill took (tracing only: excluded from equality); ``None`` means unknown.
-    """
-
-    prompt_tokens: int
-    cached_tokens: int
-    queue_seconds: float | None = field(default=None, compare=False)
-    prefill_seconds: float | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token accounting of a finished request."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True)
-class EngineOutput:
-    """Every token produced for one request since the consumer's previous read."""
-
-    token_ids: tuple[int, ...] = ()
-    prompt: PromptInfo | None = None          # first output only
-    finish_reason: FinishReason | None = None  # last output only
-    usage: Usage | None = None                # last output only
-    stop_string: str = ""                     # the stop string that ended generation, if any
-
-
-@dataclass(frozen=True)
-class StoredBlock:
-    """A full KV block: chained sequence hash, the engine's own block id, and its token count."""
-
-    block_hash: int
-    engine_block_id: int
-    token_count: int
-
-
-@dataclass(frozen=True)
-class KvStored:
-    """Consecutive full blocks now cached; ``blocks[0]`` is the child of ``parent_hash``."""
-
-    event_id: int
-    parent_hash: int | None
-    blocks: tuple[StoredBlock, ...]
-
-
-@dataclass(frozen=True)
-class KvRemoved:
-    """Blocks evicted from the cache."""
-
-    event_id: int
-    block_hashes: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class KvCleared:
-    """Every cached block of the worker is gone."""
-
-    event_id: int
-
-
-KvEvent = KvStored | KvRemoved | KvCleared
+__all__ = [
+    "Engine", "EngineInfo", "EngineOutput", "EngineRequest", "EngineStats", "FinishReason", "KvCleared", "KvEvent",
+    "KvRemoved", "KvStored", "PromptInfo", "StoredBlock", "Usage",
+]
 
 
 @dataclass(frozen=True)

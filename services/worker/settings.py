@@ -1,14 +1,63 @@
-"""Settings of the worker process (``python -m services.worker``). Light to import: no model code."""
+"""Settings of the worker process (``python -m services.worker``). Light to import: no model code.
+
+The flags are flat (``--speedup``, ``--dtype``, ...: names and env vars are API); each engine is handed
+only its own frozen group built from them: :meth:`WorkerSettings.batching` for the engine core,
+:meth:`WorkerSettings.mocker`, :meth:`WorkerSettings.torch`, :meth:`WorkerSettings.trtllm`. Each group's
+``NAME`` is the engine's ``--engine`` name (the one definition of those names).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
+from services.kvcore.config import BatchingConfig
+from services.kvcore.timing import DynamoTiming, StepTiming, TimingModel
 
-ENGINE_NAMES = ("mocker", "torch", "trtllm")
-TIMING_MODELS = ("default", "dynamo")  # mocker step-time models (services/worker/mocker/timing.py)
+TIMING_MODELS = ("default", "dynamo")  # mocker step-time models (services/kvcore/timing.py)
+_BATCHING = BatchingConfig()            # the batching defaults (services/kvcore/config.py)
+_TIMING = TimingModel()                 # the default timing model's coefficients
+
+
+@dataclass(frozen=True)
+class MockerSettings:
+    """The mocker's group: its step-time model, scripted completions and filler seed (no defaults: the
+    worker's options are the one place those are written)."""
+
+    NAME: ClassVar[str] = "mocker"
+
+    timing: StepTiming
+    script: str                         # JSONL file of scripted completions ("": none)
+    seed: int                           # seed of the filler text
+
+
+@dataclass(frozen=True)
+class TorchSettings:
+    """The torch engine's group: weight dtype and CPU threads."""
+
+    NAME: ClassVar[str] = "torch"
+
+    dtype: str                          # "auto" resolved: float32 on the CPU
+    threads: int                        # intra-op threads (0: PyTorch's default)
+
+
+@dataclass(frozen=True)
+class TrtllmSettings:
+    """The TensorRT-LLM engine's group: parallelism, KV memory share, event buffer, dtype."""
+
+    NAME: ClassVar[str] = "trtllm"
+
+    tensor_parallel_size: int           # GPUs one worker spans
+    free_gpu_memory_fraction: float     # share of free GPU memory given to the KV cache
+    event_buffer_max_size: int          # KvCacheConfig.event_buffer_max_size
+    dtype: str                          # "auto": the checkpoint's
+
+
+ENGINE_GROUPS = (MockerSettings, TorchSettings, TrtllmSettings)
+ENGINE_NAMES = tuple(group.NAME for group in ENGINE_GROUPS)
 
 
 @dataclass(frozen=True)
@@ -19,28 +68,30 @@ class WorkerSettings(CommonSettings):
     port: int = option(0, "Port of the Worker gRPC service (0: pick a free port).", wiring=True)
     advertise_host: str = option("127.0.0.1", "Host the router dials to reach this worker.", wiring=True)
     worker_id: str = option("", "Worker id on the mesh (empty: worker-<8 hex>).", wiring=True)
-    engine: str = option("mocker", "Engine serving this worker.", choices=ENGINE_NAMES)
+    engine: str = option(MockerSettings.NAME, "Engine serving this worker.", choices=ENGINE_NAMES)
     model: str = option("", "Model directory (Hugging Face layout; empty: the repo's demo model).", shared=True)
     nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL.", shared=True)
-    block_size: int = option(16, "Tokens per KV block.")
-    num_blocks: int = option(16384, "KV cache capacity in blocks.")
-    max_num_seqs: int = option(64, "Most requests batched in one engine step.")
-    max_num_batched_tokens: int = option(8192, "Token budget of one engine step (chunked prefill).")
-    max_tokens_default: int = option(1024, "max_tokens when a request leaves it at 0.")
-    speedup: float = option(1.0, "Mocker: divide every simulated step time by this factor.")
+    block_size: int = option(_BATCHING.block_size, "Tokens per KV block.")
+    num_blocks: int = option(_BATCHING.num_blocks, "KV cache capacity in blocks.")
+    max_num_seqs: int = option(_BATCHING.max_num_seqs, "Most requests batched in one engine step.")
+    max_num_batched_tokens: int = option(
+        _BATCHING.max_num_batched_tokens, "Token budget of one engine step (chunked prefill).")
+    max_tokens_default: int = option(_BATCHING.max_tokens_default, "max_tokens when a request leaves it at 0.")
+    speedup: float = option(_TIMING.speedup, "Mocker: divide every simulated step time by this factor.")
     timing_model: str = option(
         "default", "Mocker: step-time model. default: the prefill_*/decode_* coefficients below; dynamo: NVIDIA "
         "Dynamo mocker's polynomials (the trace-replay simulator's model; ignores those coefficients).",
         choices=TIMING_MODELS)
     script: str = option("", "Mocker: JSONL file of {\"match\": ..., \"completion\": ...} scripted completions.")
     seed: int = option(0, "Mocker: seed of the filler text generated when no script line matches.")
-    prefill_ms_base: float = option(2.0, "Mocker timing: fixed ms of a step that prefills.")
-    prefill_ms_per_token: float = option(0.1, "Mocker timing: ms per uncached prompt token.")
+    prefill_ms_base: float = option(_TIMING.prefill_ms_base, "Mocker timing: fixed ms of a step that prefills.")
+    prefill_ms_per_token: float = option(_TIMING.prefill_ms_per_token, "Mocker timing: ms per uncached prompt token.")
     prefill_quadratic_us: float = option(
-        3.0, "Mocker timing: extra µs per prompt token per 1000 tokens of attended context.")
-    decode_ms_base: float = option(12.0, "Mocker timing: fixed ms of a decode step.")
-    decode_ms_per_seq: float = option(0.15, "Mocker timing: ms per sequence in a decode step.")
-    decode_us_per_block: float = option(2.0, "Mocker timing: µs per active KV block in a decode step.")
+        _TIMING.prefill_quadratic_us, "Mocker timing: extra µs per prompt token per 1000 tokens of attended context.")
+    decode_ms_base: float = option(_TIMING.decode_ms_base, "Mocker timing: fixed ms of a decode step.")
+    decode_ms_per_seq: float = option(_TIMING.decode_ms_per_seq, "Mocker timing: ms per sequence in a decode step.")
+    decode_us_per_block: float = option(
+        _TIMING.decode_us_per_block, "Mocker timing: µs per active KV block in a decode step.")
     dtype: str = option("auto", "torch/trtllm: weight dtype (auto: float32 for torch on the CPU, the checkpoint's "
                         "for trtllm).", choices=("auto", "float32", "bfloat16", "float16"))
     torch_threads: int = option(0, "torch: intra-op CPU threads (0: PyTorch's default).")
@@ -50,6 +101,28 @@ class WorkerSettings(CommonSettings):
                                       "in the engine between polls).")
     heartbeat_interval: float = option(1.0, "Seconds between heartbeats on NATS.")
     event_buffer: int = option(4096, "Recently published KV events kept for replay.")
+
+    # -- the groups each engine is given ------------------------------------------------------------
+
+    def batching(self) -> BatchingConfig:
+        """Capacity and batching limits (every engine; TensorRT-LLM uses its block size and limits)."""
+        return BatchingConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BatchingConfig)})
+
+    def mocker(self) -> MockerSettings:
+        timing: StepTiming
+        if self.timing_model == "dynamo":
+            timing = DynamoTiming(num_blocks=self.num_blocks, speedup=self.speedup)
+        else:
+            timing = TimingModel(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TimingModel)})
+        return MockerSettings(timing, script=self.script, seed=self.seed)
+
+    def torch(self) -> TorchSettings:
+        return TorchSettings(dtype="float32" if self.dtype == "auto" else self.dtype, threads=self.torch_threads)
+
+    def trtllm(self) -> TrtllmSettings:
+        return TrtllmSettings(tensor_parallel_size=self.tensor_parallel_size,
+                              free_gpu_memory_fraction=self.free_gpu_memory_fraction,
+                              event_buffer_max_size=self.trtllm_event_buffer, dtype=self.dtype)
 
     def validate(self) -> None:
         if self.engine not in ENGINE_NAMES:

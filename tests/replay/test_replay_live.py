@@ -36,9 +36,7 @@ def conversation_trace(path: Path) -> Path:
 
 
 async def live(trace: list[TraceRequest], mode: str) -> ReplayResult:
-    config = LiveMeshConfig(workers=2, mode=mode, block_size=WORKER.block_size, num_blocks=WORKER.num_blocks,
-                            max_num_seqs=WORKER.max_num_seqs, max_num_batched_tokens=WORKER.max_num_batched_tokens,
-                            compression=COMPRESSION, startup_timeout=30.0)
+    config = LiveMeshConfig(workers=2, mode=mode, worker=WORKER, compression=COMPRESSION, startup_timeout=30.0)
     async with live_mesh(config) as mesh:
         return await replay_live(trace, mesh.router_address, 1.0, COMPRESSION)
 

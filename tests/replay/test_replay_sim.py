@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from services.kvcore.timing import DynamoTiming
 from services.launcher.cli import main
 from services.replay.sim_worker import SimWorkerConfig
 from services.replay.simulator import ReplayConfig, replay
 from services.replay.trace import TraceRequest, load_trace
-from services.worker.mocker.timing import DynamoTiming
 
 
 def test_dynamo_polynomials() -> None:

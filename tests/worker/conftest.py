@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 
 from services.common.model_dir import ModelDir, load_model_dir
+from services.kvcore.timing import TimingModel
 from services.worker.mocker import MockerConfig, MockerEngine
 from services.worker.mocker.script import Script
-from services.worker.mocker.timing import TimingModel
 
 TOOL_CALL = (
     '<think>plan</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

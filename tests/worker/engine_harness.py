@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from services.common.model_dir import ModelDir, load_model_dir
+from services.kvcore.timing import TimingModel
+from services.kvcore.tokens import FillerVocabulary
 from services.worker.engine import Engine, EngineOutput, EngineRequest, KvCleared, KvEvent, KvRemoved, KvStored
 from services.worker.mocker import MockerConfig, MockerEngine
-from services.worker.mocker.script import FillerVocabulary
-from services.worker.mocker.timing import TimingModel
 from services.worker.trtllm import TrtllmApi, TrtllmEngine
 from tests.worker.fake_trtllm import FakeLLM, SamplingParams
 

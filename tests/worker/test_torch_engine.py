@@ -151,6 +151,16 @@ async def test_preemption_under_kv_pressure_keeps_outputs(make: Make) -> None:
     assert tight.stats().preemptions > 0 and tight.stats().active_blocks == 0
 
 
+async def test_prefix_sealed_in_the_same_step_is_shared_exactly(make: Make) -> None:
+    # Admitted together, the later requests reuse blocks the first one's chunk seals in that very step.
+    engine, cold = await make(), await make()
+    reqs = [EngineRequest(f"q{i}", prompt(70) + [900 + i] * (i + 1), max_tokens=6, ignore_eos=True) for i in range(3)]
+    results = await asyncio.gather(*(collect(engine, r) for r in reqs))
+    assert [o[-1].usage.cached_tokens for o in results if o[-1].usage] == [0, 64, 64]
+    assert [tokens(o) for o in results] == [tokens(await collect(cold, r)) for r in reqs]
+    assert engine.cached_block_hashes() == set(engine.blocks.lru_order())
+
+
 async def test_lru_eviction_keeps_recent_prefixes(make: Make) -> None:
     engine = await make(num_blocks=16)
     for i in range(5):  # 4 full blocks each: the fifth evicts the first

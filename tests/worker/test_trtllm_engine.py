@@ -10,8 +10,8 @@ import pytest
 from services.common.block_hash import sequence_hashes
 from services.common.errors import UnavailableError
 from services.common.model_dir import load_model_dir
+from services.kvcore.tokens import FillerVocabulary
 from services.worker.engine import EngineRequest, KvCleared, KvRemoved, KvStored, StoredBlock
-from services.worker.mocker.script import FillerVocabulary
 from services.worker.registry import build_engine
 from services.worker.settings import WorkerSettings
 from services.worker.trtllm import INSTALL_HINT, KvEventNormaliser, TrtllmApi, TrtllmEngine

@@ -1,4 +1,4 @@
-"""The simulated "mocker" engine: a paged KV cache, continuous batching and a timing model, no GPU."""
+"""The simulated "mocker" engine: the shared engine core (``services/kvcore``) stepped by a timing model."""
 
 from services.worker.mocker.engine import MockerConfig, MockerEngine
 

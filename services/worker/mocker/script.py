@@ -4,19 +4,14 @@ Script file (``--script FILE``): JSON lines ``{"match": "...", "completion": "..
 whose ``match`` is a substring of the request's ``match_text`` wins (an empty ``match`` matches
 everything, so it works as a default). ``completion`` is raw model text, tokenized with the
 model's tokenizer and followed by EOS. Blank lines and lines starting with ``#`` are skipped.
+The filler text and the token source live in ``services.kvcore.tokens`` (the replay simulator uses them too).
 """
 
 from __future__ import annotations
 
 import json
-import random
-import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import xxhash
-from tokenizers import Tokenizer
 
 
 class ScriptError(ValueError):
@@ -76,70 +71,3 @@ class Script:
             if entry.match in match_text:
                 return entry
         return None
-
-
-class FillerVocabulary:
-    """Token ids of plain words (``Ġword``-style, no special tokens) plus a sentence end, for filler text."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        special = {tok.content for tok in tokenizer.get_added_tokens_decoder().values()}
-        words: list[int] = []
-        for text, token_id in tokenizer.get_vocab(with_added_tokens=False).items():
-            if text in special:
-                continue
-            body = text[1:] if text[:1] in ("Ġ", "▁") else ""
-            if len(body) >= 2 and body.isascii() and body.isalpha():
-                words.append(token_id)
-        if not words:  # an unusual vocabulary: fall back to any non-special token
-            words = [i for t, i in tokenizer.get_vocab(with_added_tokens=False).items() if t not in special]
-        self.words = sorted(words)
-        self.period = tokenizer.token_to_id(".")
-
-
-class FillerText:
-    """Deterministic pseudo-prose: words with an occasional full stop."""
-
-    def __init__(self, vocab: FillerVocabulary, seed: int) -> None:
-        self._vocab = vocab
-        self._rng = random.Random(seed)
-        self._until_period = self._rng.randint(6, 16)
-
-    def next(self) -> int:
-        self._until_period -= 1
-        if self._until_period <= 0 and self._vocab.period is not None:
-            self._until_period = self._rng.randint(6, 16)
-            return self._vocab.period
-        return self._rng.choice(self._vocab.words)
-
-
-def filler_seed(token_ids: Sequence[int], seed: int, request_seed: int | None = None) -> int:
-    """Seed for a request's filler: its prompt, the worker's seed and the request's own seed."""
-    data = struct.pack(f"<{len(token_ids)}I", *token_ids)
-    return xxhash.xxh3_64_intdigest(data, seed=(seed + (request_seed or 0)) & 0xFFFFFFFFFFFFFFFF)
-
-
-class TokenSource:
-    """The tokens one request will generate: scripted tokens, then EOS, then filler forever."""
-
-    def __init__(self, scripted: Sequence[int], eos: int | None, filler: FillerText) -> None:
-        self._scripted = list(scripted)
-        if eos is not None and scripted:
-            self._scripted.append(eos)
-        self._pos = 0
-        self._filler = filler
-        self._peeked: int | None = None
-
-    def peek(self) -> int:
-        """The next token, without consuming it."""
-        if self._peeked is None:
-            if self._pos < len(self._scripted):
-                self._peeked = self._scripted[self._pos]
-                self._pos += 1
-            else:
-                self._peeked = self._filler.next()
-        return self._peeked
-
-    def pop(self) -> int:
-        token = self.peek()
-        self._peeked = None
-        return token

@@ -1,30 +1,25 @@
 """The torch engine's paged prefix cache: KV tensors of full blocks, keyed by chained block hash.
 
 Bookkeeping (ref counts, LRU eviction, stored/removed/cleared events with consecutive ids) is the
-mocker's :class:`BlockManager`, used as-is, so this engine's KV events have exactly the mocker's
-form and hashes (``services.common.block_hash``). This class adds the tensors: when the block
-manager seals a block, its KV is copied out of the request's cache; when it evicts or clears
-blocks, their tensors are dropped. Every tensor held here belongs to a block the manager knows.
+engine core's :class:`~services.kvcore.block_manager.BlockManager`; this store only follows its events,
+so this engine's KV events have exactly the mocker's form and hashes (``services.common.block_hash``).
+The core seals a block when its step is *scheduled*; its KV exists once the step's forward ran, so a
+``KvStored`` block waits (:meth:`awaiting`) until the step completes and :meth:`store` gets its tensors.
+Removed and cleared blocks lose their tensors. Every tensor held here belongs to a block the manager knows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
-from services.worker.engine import KvCleared, KvEvent, KvRemoved
-from services.worker.mocker.block_manager import BlockManager, KvSequence
-from services.worker.torch_engine.runner import BlockKV, ModelRunner
+from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored
+from services.worker.torch_engine.runner import BlockKV
 
 
 class PagedKvCache:
-    """Full-block KV tensors with prefix lookup; see the module docstring."""
+    """Full-block KV tensors following the block manager's events; see the module docstring."""
 
-    def __init__(self, num_blocks: int, block_size: int, on_event: Callable[[KvEvent], None]) -> None:
-        self._forward = on_event
-        self.blocks = BlockManager(num_blocks, block_size, self._on_event)
-        self.block_size = block_size
+    def __init__(self) -> None:
         self._kv: dict[int, BlockKV] = {}
+        self._awaiting: set[int] = set()   # sealed by a scheduled step whose forward has not returned
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._kv
@@ -33,40 +28,28 @@ class PagedKvCache:
         """Every block whose KV is held (referenced or cached)."""
         return set(self._kv)
 
-    def acquire_prefix(self, seq: KvSequence, token_ids: Sequence[int]) -> list[BlockKV]:
-        """Reference the longest cached full-block prefix of ``token_ids`` for empty ``seq``; its KV blocks.
+    def get(self, block_hash: int) -> BlockKV | None:
+        """The block's KV, or None while its step is still computing it."""
+        return self._kv.get(block_hash)
 
-        At least one token is left to compute, so the caller always gets logits for the next token.
-        """
-        self.blocks.acquire_prefix(seq, token_ids)
-        return [self._kv[h] for h in seq.hashes]
+    def awaiting(self, block_hash: int) -> bool:
+        """Sealed by a scheduled step; its tensors come when that step completes."""
+        return block_hash in self._awaiting
 
-    def can_hold(self, seq: KvSequence, n_tokens: int, reserved: int = 0) -> bool:
-        """Whether ``n_tokens`` more tokens fit for ``seq`` beside ``reserved`` blocks promised elsewhere."""
-        return self.blocks.blocks_needed(seq, n_tokens) + reserved <= self.blocks.available_blocks
+    def store(self, block_hash: int, kv: BlockKV) -> None:
+        """The KV of a block sealed at schedule time (ignored if the block was dropped meanwhile)."""
+        if block_hash in self._awaiting:
+            self._awaiting.discard(block_hash)
+            self._kv[block_hash] = kv
 
-    def commit(self, seq: KvSequence, token_ids: Sequence[int], cache: Any) -> bool:
-        """``token_ids``' KV is now in ``cache`` after ``seq``'s tokens: take blocks, keep full ones' KV."""
-        sealed_before = len(seq.hashes)
-        if not self.blocks.append(seq, token_ids):
-            return False
-        for index in range(sealed_before, len(seq.hashes)):
-            h = seq.hashes[index]
-            if h not in self._kv:
-                self._kv[h] = ModelRunner.cut_block(cache, index, self.block_size)
-        return True
-
-    def free(self, seq: KvSequence) -> None:
-        """Drop ``seq``'s references; its full blocks stay cached until evicted."""
-        self.blocks.free(seq)
-
-    def clear(self) -> bool:
-        return self.blocks.clear()
-
-    def _on_event(self, event: KvEvent) -> None:
-        if isinstance(event, KvRemoved):
+    def on_event(self, event: KvEvent) -> None:
+        """Follow the block manager: stored blocks await tensors, removed / cleared ones lose them."""
+        if isinstance(event, KvStored):
+            self._awaiting.update(b.block_hash for b in event.blocks)
+        elif isinstance(event, KvRemoved):
             for h in event.block_hashes:
                 self._kv.pop(h, None)
+                self._awaiting.discard(h)
         elif isinstance(event, KvCleared):
             self._kv.clear()
-        self._forward(event)
+            self._awaiting.clear()

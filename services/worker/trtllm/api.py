@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from services.common.errors import UnavailableError
 from services.common.model_dir import ModelDir
+from services.kvcore.config import BatchingConfig
+from services.worker.settings import TrtllmSettings
 
 INSTALL_HINT = (
     "the trtllm engine needs the tensorrt_llm package (NVIDIA GPU + CUDA). Run the worker in NVIDIA's "
@@ -48,20 +50,7 @@ class TrtllmApi:
     sampling_params: Callable[..., Any]
 
 
-@dataclass(frozen=True)
-class TrtllmOptions:
-    """What the worker's settings say about the engine."""
-
-    block_size: int = 32
-    tensor_parallel_size: int = 1
-    free_gpu_memory_fraction: float = 0.9
-    event_buffer_max_size: int = 16384
-    dtype: str = "auto"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 8192
-
-
-def load_llm(model: ModelDir, options: TrtllmOptions) -> TrtllmApi:
+def load_llm(model: ModelDir, options: TrtllmSettings, batching: BatchingConfig) -> TrtllmApi:
     """Import TensorRT-LLM and build ``LLM`` with block reuse and KV events on; a clear error if absent."""
     try:
         from tensorrt_llm import LLM, SamplingParams  # type: ignore[import-not-found,unused-ignore]
@@ -72,14 +61,14 @@ def load_llm(model: ModelDir, options: TrtllmOptions) -> TrtllmApi:
         enable_block_reuse=True,
         event_buffer_max_size=options.event_buffer_max_size,
         free_gpu_memory_fraction=options.free_gpu_memory_fraction,
-        tokens_per_block=options.block_size,
+        tokens_per_block=batching.block_size,
     )
     llm = LLM(
         model=str(model.path),
         dtype=options.dtype,
         tensor_parallel_size=options.tensor_parallel_size,
         kv_cache_config=kv_cache_config,
-        max_batch_size=options.max_num_seqs,
-        max_num_tokens=options.max_num_batched_tokens,
+        max_batch_size=batching.max_num_seqs,
+        max_num_tokens=batching.max_num_batched_tokens,
     )
     return TrtllmApi(llm, SamplingParams)

@@ -26,9 +26,10 @@ import structlog
 
 from services.common.errors import InternalError, InvalidRequestError, as_mesh_error
 from services.common.model_dir import ModelDir
+from services.kvcore.config import BatchingConfig
+from services.kvcore.outputs import CheckedRequest, RequestStream, check_request
 from services.worker.engine import EngineInfo, EngineOutput, EngineRequest, EngineStats, FinishReason, KvEvent
 from services.worker.kv_feed import KvEventFeed
-from services.worker.outputs import CheckedRequest, RequestStream, check_request
 from services.worker.trtllm.api import TrtllmApi
 from services.worker.trtllm.events import KvEventNormaliser
 
@@ -50,7 +51,7 @@ class TrtllmEngine:
         *,
         block_size: int,
         num_blocks: int,
-        max_tokens_default: int = 1024,
+        max_tokens_default: int = BatchingConfig.max_tokens_default,
         poll_interval: float = 0.005,
         max_poll_interval: float = 0.05,
     ) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.block_hash import chain, local_block_hashes, seed_for, sequence_hashes
-from services.worker.engine import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
+from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 
 
 @dataclass

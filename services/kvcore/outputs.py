@@ -1,11 +1,13 @@
 """Request validation and the consumer side of a request, shared by every engine.
 
 :class:`OutputBuffer` is the one implementation of the output contract (see the worker README's
-invariants); the mocker's ``MockRequest`` and the real engines' :class:`RequestStream` build on it:
-the first output carries ``PromptInfo``, the last one
-``finish_reason`` and ``usage``; each output holds every token produced since the consumer's
-previous read; EOS / stop token ids end the request with ``stop`` and are not emitted; a matched stop
-string is not emitted (``mocker/stops.py`` holds back tokens that may start one).
+invariants); the core's :class:`~services.kvcore.request.CoreRequest` and, for engines that schedule
+themselves (TensorRT-LLM), :class:`RequestStream` build on it: the first output carries ``PromptInfo``,
+the last one ``finish_reason`` and ``usage``; each output holds every token produced since the
+consumer's previous read; EOS / stop token ids end the request with ``stop`` and are not emitted; a
+matched stop string is not emitted (``stops.py`` holds back tokens that may start one); a request
+that ends for another reason (``length``, ``stop`` from the engine) releases the held tokens, a
+cancelled one drops them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from tokenizers import Tokenizer
 
 from services.common.errors import ContextLengthError, InternalError, InvalidRequestError, MeshError
 from services.common.model_dir import ModelDir
-from services.worker.engine import EngineOutput, EngineRequest, FinishReason, PromptInfo, Usage
-from services.worker.mocker.stops import StopStringMatcher
+from services.kvcore.domain import EngineOutput, EngineRequest, FinishReason, PromptInfo, Usage
+from services.kvcore.stops import StopStringMatcher
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,8 @@ def check_request(
 class OutputBuffer:
     """Tokens in from an engine, :class:`EngineOutput` batches out to one consumer.
 
-    Subclasses say when the prompt is done and feed tokens through :meth:`_accept`; ``finish`` here
-    keeps tokens held back for a possible stop string (the mocker's behaviour), :class:`RequestStream`
-    releases them.
+    Subclasses say when the prompt is done and feed tokens through :meth:`_accept`; the consumer
+    reads with :meth:`outputs` (or :meth:`take_output`).
     """
 
     def __init__(
@@ -114,7 +115,10 @@ class OutputBuffer:
         return True
 
     def finish(self, reason: FinishReason) -> None:
+        """End the request; tokens held back for a possible stop string are released unless cancelled."""
         if not self.finished:
+            if reason != "cancelled":
+                self._out.extend(self.matcher.flush())
             self.finish_reason = reason
         self.ready.set()
 
@@ -143,9 +147,25 @@ class OutputBuffer:
         usage = Usage(self.prompt_len, self.generated, self.cached_tokens or 0)
         return EngineOutput(tokens, prompt, self.finish_reason, usage, self.matcher.stop_string)
 
+    async def outputs(self) -> AsyncGenerator[EngineOutput, None]:
+        """Wait for and yield outputs until the final one (raises the request's error, if any)."""
+        while True:
+            out = self.take_output()
+            if out is not None:
+                yield out
+                if out.finish_reason is not None:
+                    return
+                continue
+            if self.error is not None:
+                raise self.error
+            if self._final_sent:
+                raise InternalError("the request's stream already ended")
+            self.ready.clear()
+            await self.ready.wait()
+
 
 class RequestStream(OutputBuffer):
-    """A real engine's request: tokens in from the engine (``deliver``), outputs out (``outputs``)."""
+    """A request of an engine that schedules itself: tokens in (``deliver``), outputs out (``outputs``)."""
 
     def __init__(self, checked: CheckedRequest, tokenizer: Tokenizer) -> None:
         super().__init__(checked.request, max_tokens=checked.max_tokens, stop_ids=checked.stop_ids,
@@ -165,24 +185,3 @@ class RequestStream(OutputBuffer):
             self.prompt_done(0)
         self._accept(token)
         return self.finished
-
-    def finish(self, reason: FinishReason) -> None:
-        if not self.finished and reason != "cancelled":
-            self._out.extend(self.matcher.flush())
-        super().finish(reason)
-
-    async def outputs(self) -> AsyncGenerator[EngineOutput, None]:
-        """Wait for and yield outputs until the final one (raises the request's error, if any)."""
-        while True:
-            out = self.take_output()
-            if out is not None:
-                yield out
-                if out.finish_reason is not None:
-                    return
-                continue
-            if self.error is not None:
-                raise self.error
-            if self._final_sent:
-                raise InternalError("the request's stream already ended")
-            self.ready.clear()
-            await self.ready.wait()

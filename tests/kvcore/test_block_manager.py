@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from services.common.block_hash import sequence_hashes
-from services.worker.engine import KvCleared, KvRemoved, KvStored
-from services.worker.mocker.block_manager import BlockManager, KvSequence
+from services.kvcore.block_manager import BlockManager, KvSequence
+from services.kvcore.domain import KvCleared, KvRemoved, KvStored
 
 BS = 4
 

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.kvcore.config import BatchingConfig
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -92,7 +94,7 @@ class DynamoTiming:
 
     prefill: tuple[float, float, float] = (16.50142, 0.01518344, 4.209989e-7)  # a + b*T + c*T^2
     decode: tuple[float, float, float] = (5.74, 54.01, -25.74)  # d + e*u + f*u^2
-    num_blocks: int = 16384
+    num_blocks: int = BatchingConfig.num_blocks
     speedup: float = 1.0
 
     def __post_init__(self) -> None:
@@ -126,6 +128,6 @@ class DynamoTiming:
 
 
 class StepTiming(Protocol):
-    """What the mocker's step loop needs of a timing model."""
+    """What a simulated step (the mocker's, the simulator's) needs of a timing model."""
 
     def step_seconds(self, prefills: Sequence[PrefillChunk], decode_batch: int, active_blocks: int) -> float: ...

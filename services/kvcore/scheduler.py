@@ -1,4 +1,4 @@
-"""Continuous batching for the mocker: which requests run in the next step, and with how many tokens.
+"""Continuous batching for every engine core: which requests run in the next step, with how many tokens.
 
 Policy (vLLM V1-like, synchronous and free of I/O so it is unit-testable):
 
@@ -14,8 +14,14 @@ Policy (vLLM V1-like, synchronous and free of I/O so it is unit-testable):
 3. Then waiting requests are admitted FIFO while ``max_num_seqs``, the token budget and free blocks
    allow (head-of-line: the first one that does not fit stops admission), unless this step preempted.
 
-Blocks for a step's tokens are taken when it is scheduled; the generated token of a request is
-known in advance (scripted or seeded), so the KV it adds is held before the step's time passes.
+Blocks for a step's tokens are taken when it is scheduled, so a step never runs out of room
+half-way: the chunk fed to the model, plus, when the request knows its next token in advance
+(:meth:`CoreRequest.lookahead`: scripted or seeded output, the mocker and the simulator), that
+token too, so the KV it adds is held before the step's time passes. A request without lookahead
+(the torch engine samples) feeds its sampled token as next step's one-token chunk instead. A full
+block is therefore sealed, published (``KvStored``) and shareable by a later admission from the
+moment its step is scheduled; an engine that keeps real KV tensors fills them in when the step
+completes (``torch_engine/kv_store.py``).
 """
 
 from __future__ import annotations
@@ -23,18 +29,25 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.worker.mocker.block_manager import BlockManager
-from services.worker.mocker.request import MockRequest
-from services.worker.mocker.timing import PrefillChunk
+from services.kvcore.block_manager import BlockManager
+from services.kvcore.request import CoreRequest
+from services.kvcore.timing import PrefillChunk, StepTiming
 
 
 @dataclass
 class ScheduledItem:
     """One request's share of a step."""
 
-    request: MockRequest
-    prefill_tokens: int          # prompt tokens computed this step (0 for a decode)
-    token: int | None            # the token generated this step, if the prompt is complete
+    request: CoreRequest
+    start: int                   # tokens whose KV the request held before this step
+    tokens: list[int]            # tokens fed to the model this step (``all_tokens[start:]``)
+    samples: bool                # the chunk reaches the last known token: the step generates one
+    token: int | None            # the generated token, when known in advance (lookahead)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens computed this step (0 for a decode whose token was known in advance)."""
+        return len(self.tokens)
 
 
 @dataclass
@@ -44,8 +57,13 @@ class StepPlan:
     items: list[ScheduledItem] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
     decode_batch: int = 0
-    preempted: list[MockRequest] = field(default_factory=list)
-    finished: list[MockRequest] = field(default_factory=list)  # ended while scheduling (no room)
+    active_blocks: int = 0       # blocks referenced once the step is scheduled
+    preempted: list[CoreRequest] = field(default_factory=list)
+    finished: list[CoreRequest] = field(default_factory=list)  # ended while scheduling (no room)
+
+    def modelled_seconds(self, timing: StepTiming) -> float:
+        """The step's duration under a step-time model (the mocker's clock, the simulator's)."""
+        return timing.step_seconds(self.prefills, self.decode_batch, self.active_blocks)
 
 
 class Scheduler:
@@ -55,24 +73,25 @@ class Scheduler:
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[MockRequest] = deque()
-        self.running: list[MockRequest] = []
+        self.waiting: deque[CoreRequest] = deque()
+        self.running: list[CoreRequest] = []
         self.preemptions = 0
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def add(self, request: MockRequest) -> None:
+    def add(self, request: CoreRequest) -> None:
         self.waiting.append(request)
 
-    def remove(self, request: MockRequest) -> None:
+    def remove(self, request: CoreRequest) -> None:
         """Forget ``request`` (finished or aborted) and free its blocks. Idempotent."""
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.blocks.free(request.seq)
+        request.lose_blocks()
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
@@ -93,6 +112,7 @@ class Scheduler:
             if victim is req and len(self.running) == 1:
                 self.running.pop()
                 self.blocks.free(req.seq)
+                req.lose_blocks()
                 req.finish("length")  # alone and still out of KV capacity
                 plan.finished.append(req)
                 break
@@ -124,24 +144,24 @@ class Scheduler:
                 plan.prefills.append(PrefillChunk(item.prefill_tokens, req.computed))
             else:
                 plan.decode_batch += 1
+        plan.active_blocks = self.blocks.active_blocks
         return plan
 
-    def _try_schedule(self, req: MockRequest, budget: int) -> ScheduledItem | None:
+    def _try_schedule(self, req: CoreRequest, budget: int) -> ScheduledItem | None:
         """Take blocks for ``req``'s share of the step; None (nothing taken) if they are not there."""
         start = req.computed
         chunk = max(0, min(len(req.all_tokens) - start, budget))
-        tokens = req.all_tokens[start : start + chunk]
-        token: int | None = None
-        if start + chunk == len(req.all_tokens):
-            token = req.source.peek()
-            if token not in req.stop_ids:
-                tokens = [*tokens, token]
-        if not self.blocks.append(req.seq, tokens):
+        fed = req.all_tokens[start : start + chunk]
+        samples = start + chunk == len(req.all_tokens)
+        token = req.lookahead() if samples else None
+        held = fed if token is None or token in req.stop_ids else [*fed, token]
+        if not self.blocks.append(req.seq, held):
             return None
-        return ScheduledItem(req, chunk, token)
+        return ScheduledItem(req, start, fed, samples, token)
 
-    def _preempt(self, req: MockRequest) -> None:
+    def _preempt(self, req: CoreRequest) -> None:
         self.running.remove(req)
         self.blocks.free(req.seq)
+        req.lose_blocks()
         self.waiting.appendleft(req)
         self.preemptions += 1
