@@ -1,4 +1,9 @@
-"""The starlette application: routes, auth, the request span, and the one error boundary."""
+"""The starlette application: routes, auth, the request span, and the one HTTP error boundary.
+
+Every error raised before a response's first byte ends here: ``gateway.boundary.public_error``
+(internal errors say only "internal error" and the request id), then the shape of the API the
+request speaks (``apis/anthropic/errors.py`` or ``apis/openai_chat/errors.py``).
+"""
 
 from __future__ import annotations
 
@@ -14,19 +19,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.anthropic import anthropic_routes
-from gateway.anthropic import errors as anthropic_errors
+from gateway.apis.anthropic import anthropic_routes
+from gateway.apis.anthropic import errors as anthropic_errors
+from gateway.apis.openai_chat import errors as openai_errors
+from gateway.apis.openai_chat.endpoint import ChatCompletions
+from gateway.apis.responses.endpoint import ResponsesApi
+from gateway.apis.responses.store import ResponseStore
+from gateway.boundary import public_error, request_id_of
 from gateway.catalog import ModelCatalog
-from gateway.errors import error_response, from_validation_error
 from gateway.metrics import GatewayMetrics
 from gateway.models_api import ModelsApi
-from gateway.openai_chat import ChatCompletions
 from gateway.parse_client import ParseClient
-from gateway.responses.api import ResponsesApi
-from gateway.responses.store import ResponseStore
 from gateway.settings import GatewaySettings
 from gateway.tokenize_api import TokenizeApi
-from gateway.turns import API
+from gateway.turn_tracking import API
 from services.common import errors
 
 # Paths open without an API key (probes, the Prometheus scrape).
@@ -39,7 +45,7 @@ _APIS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/v1/res
 class RequestSpanMiddleware:
     """A root ``gateway.request`` span per HTTP request, current for the whole response.
 
-    The turn tracker (``gateway/turns.py``, behind ``ParseClient.chat``) adds identity, ``gen_ai.*``
+    The turn tracker (``gateway/turn_tracking.py``, behind ``ParseClient.chat``) adds identity, ``gen_ai.*``
     and usage attributes; the gRPC client interceptor propagates the span to the parse service.
     Probes and ``/metrics`` are not traced.
     """
@@ -92,14 +98,15 @@ class ApiKeyMiddleware:
 
 
 def _api_error(request: Request, exc: BaseException) -> Response:
-    """``exc`` in the error shape of the API the request speaks: Anthropic's or OpenAI's."""
-    if anthropic_errors.is_anthropic_request(request):
-        if isinstance(exc, ValidationError):
-            exc = anthropic_errors.from_validation_error(exc)
-        return anthropic_errors.error_response(exc)
+    """``exc`` as the client may see it, in the error shape of the API the request speaks."""
+    anthropic = anthropic_errors.is_anthropic_request(request)
     if isinstance(exc, ValidationError):
-        exc = from_validation_error(exc)
-    return error_response(exc)
+        exc = (anthropic_errors if anthropic else openai_errors).from_validation_error(exc)
+    request_id = request_id_of(request)
+    error = public_error(exc, request_id)
+    if anthropic:
+        return anthropic_errors.error_response(error, request_id)
+    return openai_errors.error_response(error)
 
 
 async def _on_mesh_error(request: Request, exc: Exception) -> Response:

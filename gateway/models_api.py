@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.anthropic.models_list import model_object, model_page
+from gateway.apis.anthropic.models_list import model_object, model_page
 from gateway.catalog import ModelCatalog
 from gateway.parse_client import ParseClient
 from services.api import chat_pb2

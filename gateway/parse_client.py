@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, Mapping
 import grpc
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-from gateway.turns import TurnTracker
+from gateway.turn_tracking import TurnTracker
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
 from services.common import errors
 

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import structlog
 import uvicorn
 
+from gateway.apis.grpc_edge.service import AgentServicer
 from gateway.app import create_app
-from gateway.grpc_edge import AgentServicer
 from gateway.metrics import GatewayMetrics
 from gateway.parse_client import ParseClient
 from gateway.settings import GatewaySettings
 from gateway.trace_records import TraceRecordSink
-from gateway.turns import TurnTracker
+from gateway.turn_tracking import TurnTracker
 from services.api import chat_pb2_grpc
 from services.common.grpc_util import GrpcServer, open_channel
 from services.common.metrics import MetricsServer, serve_metrics

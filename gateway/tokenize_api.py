@@ -12,10 +12,10 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.handler_util import read_json
-from gateway.openai_convert import convert_message, convert_tools, identity_and_hints
-from gateway.openai_models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
+from gateway.apis.openai_chat.convert import convert_message, convert_tools, identity_and_hints
+from gateway.apis.openai_chat.models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 from gateway.parse_client import ParseClient
+from gateway.streaming import read_json
 from services.api import chat_pb2, parse_pb2
 from services.common import errors
 

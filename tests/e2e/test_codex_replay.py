@@ -1,6 +1,6 @@
 """Every recorded Responses request (``shared/harnesses/captures``), and the openai SDK, through the real mesh.
 
-Unlike ``tests/gateway/test_responses_replay.py`` this renders each request with the demo model's
+Unlike ``tests/gateway/apis/responses/test_replay.py`` this renders each request with the demo model's
 real chat template (developer messages, namespace and custom tools, replayed reasoning and
 function calls), routes it to a mocker worker and checks the typed stream that comes back.
 """
@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import WEATHER_TOOL
-from tests.gateway.test_responses_replay import _DROP_HEADERS, CASES, EVENTS, parse_sse
+from tests.gateway.apis.responses.test_replay import _DROP_HEADERS, CASES, EVENTS, parse_sse
 from tests.support.mesh import RunningMesh, running_mesh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

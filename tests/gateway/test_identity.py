@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from gateway.anthropic.convert import chat_request as anthropic_request
-from gateway.anthropic.models import MessagesRequest
+from gateway.apis.anthropic.convert import chat_request as anthropic_request
+from gateway.apis.anthropic.models import MessagesRequest
+from gateway.apis.openai_chat.convert import chat_request as openai_request
+from gateway.apis.openai_chat.models import ChatCompletionRequest
+from gateway.apis.responses.convert import chat_request as responses_request
+from gateway.apis.responses.models import ResponsesRequest
 from gateway.identity import harness_name, resolve_identity, session_from_user_id
-from gateway.openai_convert import chat_request as openai_request
-from gateway.openai_models import ChatCompletionRequest
-from gateway.responses.convert import chat_request as responses_request
-from gateway.responses.models import ResponsesRequest
 from services.api import common_pb2
 
 NVEXT = {"agent_context": {"session_type_id": "coding_agent", "session_id": "nv-s", "trajectory_id": "nv-t",

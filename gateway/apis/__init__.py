@@ -1,0 +1,1 @@
+"""The gateway's client APIs, one package each: models, convert, encode, errors, endpoint (or service)."""

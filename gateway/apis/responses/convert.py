@@ -1,0 +1,305 @@
+"""A Responses API request (+ stored history + headers) -> the canonical ``ChatRequest``.
+
+Items map onto the canonical conversation with ordered parts: consecutive assistant-side items
+(``reasoning``, ``function_call``, ``custom_tool_call``, assistant ``message``) become one
+assistant message whose parts keep their order; ``*_output`` items become ``tool`` messages.
+Tools the model cannot run (``web_search``, ``tool_search``, ...) and unknown item types are left
+out with a debug log, never a 400. Custom (freeform) tools reach the model as a function with one
+string argument ``input``; ``ToolTable`` maps the model's calls back to the right item type.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ValidationError
+
+from gateway.apis.openai_chat.convert import identity_and_hints
+from gateway.apis.responses.errors import from_validation_error
+from gateway.apis.responses.models import (
+    ContentPartIn,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
+    CustomToolDef,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionToolDef,
+    MessageItem,
+    NamespaceToolDef,
+    ReasoningItem,
+    ResponsesRequest,
+)
+from gateway.apis.responses.reasoning_codec import decode_reasoning
+from services.api import chat_pb2, common_pb2
+from services.common.errors import InvalidRequestError
+
+log = structlog.get_logger()
+
+_ITEM_MODELS: dict[str, type[BaseModel]] = {
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+    "custom_tool_call": CustomToolCallItem,
+    "custom_tool_call_output": CustomToolCallOutputItem,
+    "reasoning": ReasoningItem,
+}
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
+_CUSTOM_INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The raw input of this freeform tool."}},
+    "required": ["input"],
+}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """How a tool the model may call maps back to an output item."""
+
+    kind: str                      # "function" | "custom"
+    namespace: str | None = None
+
+
+@dataclass
+class ToolTable:
+    """The tools offered to the model, by the name the model calls them."""
+
+    specs: dict[str, ToolSpec] = field(default_factory=dict)
+
+    def kind(self, name: str) -> str:
+        spec = self.specs.get(name)
+        return spec.kind if spec else "function"
+
+    def namespace(self, name: str) -> str | None:
+        spec = self.specs.get(name)
+        return spec.namespace if spec else None
+
+
+@dataclass
+class Converted:
+    """The canonical request plus what the response needs to know about the conversation."""
+
+    chat: chat_pb2.ChatRequest
+    tools: ToolTable
+    history: list[chat_pb2.Message]   # the conversation without instructions (stored for previous_response_id)
+
+
+def _validate(model: type[BaseModel], raw: Any, param: str) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        err = from_validation_error(exc)
+        detail = err.message.removeprefix(f"{err.param}: ") if err.param else err.message
+        prefixed = f"{param}.{err.param}" if err.param else param
+        raise InvalidRequestError(f"{prefixed}: {detail}", param=prefixed) from exc
+
+
+def _text(content: str | list[ContentPartIn], param: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type not in _TEXT_PARTS:
+            raise InvalidRequestError(
+                f"content part type {part.type!r} is not supported by this model (only text)",
+                param=f"{param}[{j}].type",
+            )
+        texts.append(part.text or "")
+    return "".join(texts)
+
+
+def _reasoning_text(item: ReasoningItem) -> str:
+    """The reasoning to replay: raw content, else our own encrypted_content, else the summary."""
+    if item.content:
+        return "".join(c.text for c in item.content)
+    decoded = decode_reasoning(item.encrypted_content)
+    if decoded is not None:
+        return decoded
+    return "\n\n".join(s.text for s in item.summary if s.text)
+
+
+class _Builder:
+    """Appends items to the canonical message list, merging assistant-side items into one turn."""
+
+    def __init__(self, messages: list[chat_pb2.Message]) -> None:
+        self.messages = messages
+        self.call_names: dict[str, str] = {
+            part.tool_call.id: part.tool_call.name
+            for m in messages for part in m.parts if part.WhichOneof("kind") == "tool_call"
+        }
+
+    def _assistant(self) -> chat_pb2.Message:
+        if not self.messages or self.messages[-1].role != "assistant":
+            self.messages.append(chat_pb2.Message(role="assistant"))
+        return self.messages[-1]
+
+    def message(self, item: MessageItem, param: str) -> None:
+        text = _text(item.content, f"{param}.content")
+        if item.role == "assistant":
+            if text:
+                self._assistant().parts.append(chat_pb2.Part(text=text))
+            return
+        self.messages.append(chat_pb2.Message(role=item.role, parts=[chat_pb2.Part(text=text)]))
+
+    def reasoning(self, item: ReasoningItem) -> None:
+        text = _reasoning_text(item)
+        if text:
+            self._assistant().parts.append(chat_pb2.Part(reasoning=text))
+
+    def call(self, call_id: str, name: str, arguments_json: str) -> None:
+        self.call_names[call_id] = name
+        call = chat_pb2.ToolCall(id=call_id, name=name, arguments_json=arguments_json)
+        self._assistant().parts.append(chat_pb2.Part(tool_call=call))
+
+    def output(self, call_id: str, output: str | list[ContentPartIn], param: str) -> None:
+        self.messages.append(chat_pb2.Message(
+            role="tool", tool_call_id=call_id, name=self.call_names.get(call_id, ""),
+            parts=[chat_pb2.Part(text=_text(output, f"{param}.output"))],
+        ))
+
+
+def convert_input(
+    raw: str | list[dict[str, Any]], history: Sequence[chat_pb2.Message], tools: ToolTable,
+    tools_out: list[chat_pb2.Tool],
+) -> list[chat_pb2.Message]:
+    """``history`` followed by the request's ``input`` as canonical messages (without instructions).
+
+    Tools carried by ``additional_tools`` items (Codex's responses-lite models) join ``tools_out``.
+    """
+    builder = _Builder([chat_pb2.Message.FromString(m.SerializeToString()) for m in history])
+    if isinstance(raw, str):
+        builder.messages.append(chat_pb2.Message(role="user", parts=[chat_pb2.Part(text=raw)]))
+        return builder.messages
+    for i, entry in enumerate(raw):
+        param = f"input[{i}]"
+        if not isinstance(entry, dict):
+            raise InvalidRequestError(f"{param} must be an object", param=param)
+        kind = entry.get("type", "message" if "role" in entry else None)
+        if kind == "additional_tools":
+            add_tools(entry.get("tools") or [], tools, tools_out, f"{param}.tools")
+            continue
+        model = _ITEM_MODELS.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            log.debug("responses.item_skipped", item_type=kind, param=param)
+            continue
+        item = _validate(model, {**entry, "type": kind}, param)
+        if isinstance(item, MessageItem):
+            builder.message(item, param)
+        elif isinstance(item, ReasoningItem):
+            builder.reasoning(item)
+        elif isinstance(item, FunctionCallItem):
+            builder.call(item.call_id, item.name, item.arguments or "{}")
+        elif isinstance(item, CustomToolCallItem):
+            builder.call(item.call_id, item.name, json.dumps({"input": item.input}))
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+            builder.output(item.call_id, item.output, param)
+    return builder.messages
+
+
+def _custom_description(tool: CustomToolDef) -> str:
+    text = tool.description or ""
+    fmt = tool.format
+    if fmt is not None and fmt.type == "grammar" and fmt.definition:
+        text += f"\n\nThe input must match this {fmt.syntax or ''} grammar:\n{fmt.definition}"
+    return text + "\n\nFreeform tool: put the raw input text in the `input` argument."
+
+
+def add_tools(
+    raw: Sequence[Any], table: ToolTable, out: list[chat_pb2.Tool], param: str, namespace: str | None = None
+) -> None:
+    """Append the model-runnable tools of ``raw`` to ``out`` and ``table``; drop built-in tools."""
+    for i, entry in enumerate(raw):
+        where = f"{param}[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+            raise InvalidRequestError(f"{where} must be an object with a type", param=f"{where}.type")
+        kind = entry["type"]
+        if kind == "function":
+            fn = _validate(FunctionToolDef, entry, where)
+            params = fn.parameters or {"type": "object", "properties": {}}
+            out.append(chat_pb2.Tool(name=fn.name, description=fn.description or "",
+                                     parameters_json=json.dumps(params)))
+            table.specs[fn.name] = ToolSpec("function", namespace)
+        elif kind == "custom":
+            custom = _validate(CustomToolDef, entry, where)
+            out.append(chat_pb2.Tool(name=custom.name, description=_custom_description(custom),
+                                     parameters_json=json.dumps(_CUSTOM_INPUT_SCHEMA)))
+            table.specs[custom.name] = ToolSpec("custom", namespace)
+        elif kind == "namespace":
+            group = _validate(NamespaceToolDef, entry, where)
+            add_tools(group.tools, table, out, f"{where}.tools", namespace=group.name)
+        else:
+            log.debug("responses.tool_skipped", tool_type=kind, param=where)
+
+
+def _tool_choice(body: ResponsesRequest, tools: Sequence[chat_pb2.Tool]) -> chat_pb2.ToolChoice:
+    choice = body.tool_choice
+    if choice is None:
+        return chat_pb2.ToolChoice(mode="auto")
+    if isinstance(choice, str):
+        if choice == "required" and not tools:
+            raise InvalidRequestError("tool_choice=required needs tools", param="tool_choice")
+        return chat_pb2.ToolChoice(mode=choice)
+    if choice.type in ("function", "custom"):
+        if not choice.name or choice.name not in {t.name for t in tools}:
+            raise InvalidRequestError(f"tool_choice names {choice.name!r}, which is not in tools",
+                                      param="tool_choice.name")
+        return chat_pb2.ToolChoice(mode="named", name=choice.name)
+    return chat_pb2.ToolChoice(mode="auto")  # allowed_tools, built-in tool types: the model decides
+
+
+def template_kwargs(body: ResponsesRequest) -> dict[str, Any]:
+    """Chat-template variables from ``reasoning.effort`` (``none`` turns thinking off)."""
+    effort = body.reasoning.effort if body.reasoning else None
+    if effort is None:
+        return {}
+    if effort == "none":
+        return {"enable_thinking": False}
+    return {"reasoning_effort": effort}
+
+
+def chat_request(
+    body: ResponsesRequest,
+    headers: Mapping[str, str],
+    history: Sequence[chat_pb2.Message],
+    *,
+    model: str,
+    request_id: str,
+) -> Converted:
+    """The canonical request for a Responses API request continuing ``history``."""
+    table = ToolTable()
+    tools: list[chat_pb2.Tool] = []
+    add_tools(body.tools or [], table, tools, "tools")
+    conversation = convert_input(body.input, history, table, tools)
+    messages = list(conversation)
+    if body.instructions:
+        messages.insert(0, chat_pb2.Message(role="system", parts=[chat_pb2.Part(text=body.instructions)]))
+    if not messages:
+        raise InvalidRequestError("input must contain at least one message", param="input")
+    if body.text and body.text.format and body.text.format.type != "text":
+        log.debug("responses.text_format_ignored", format=body.text.format.type)
+    sampling = common_pb2.SamplingParams(max_tokens=body.max_output_tokens or 0)
+    if body.temperature is not None:
+        sampling.temperature = body.temperature
+    if body.top_p is not None:
+        sampling.top_p = body.top_p
+    nvext = body.nvext
+    identity, hints = identity_and_hints(
+        headers, nvext.agent_context if nvext else None, nvext.agent_hints if nvext else None,
+        prompt_cache_key=body.prompt_cache_key,
+    )
+    kwargs = template_kwargs(body)
+    chat = chat_pb2.ChatRequest(
+        request_id=request_id,
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice=_tool_choice(body, tools),
+        sampling=sampling,
+        identity=identity,
+        hints=hints,
+        chat_template_kwargs_json=json.dumps(kwargs) if kwargs else "",
+    )
+    return Converted(chat=chat, tools=table, history=conversation)

@@ -1,0 +1,93 @@
+"""``POST /v1/responses``: the OpenAI Responses API, streaming (typed SSE events) and non-streaming."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.apis.responses.convert import chat_request
+from gateway.apis.responses.encode import ResponseEncoder
+from gateway.apis.responses.models import ResponsesRequest
+from gateway.apis.responses.store import ResponseStore
+from gateway.boundary import new_request_id
+from gateway.parse_client import ParseClient
+from gateway.streaming import TYPED, TurnEndpoint, annotate_span, read_json
+from services.api import chat_pb2
+from services.common import errors
+
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+
+
+def _skeleton(body: ResponsesRequest, raw: dict[str, Any], response_id: str, model: str) -> dict[str, Any]:
+    """The request echo every ``response`` object carries."""
+    reasoning = body.reasoning
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "metadata": body.metadata or {},
+        "output": [],
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": {"effort": reasoning.effort if reasoning else None,
+                      "summary": reasoning.summary if reasoning else None},
+        "store": body.store,
+        "temperature": body.temperature if body.temperature is not None else 1.0,
+        "text": {"format": {"type": "text"}, **(raw.get("text") or {})},
+        "tool_choice": raw.get("tool_choice") or "auto",
+        "tools": raw.get("tools") or [],
+        "top_p": body.top_p if body.top_p is not None else 1.0,
+        "truncation": "disabled",
+        "usage": None,
+        "user": body.user,
+    }
+
+
+class ResponsesApi:
+    """The Responses endpoint over a ``ParseClient`` and a ``ResponseStore``.
+
+    SSE frames carry ``event:`` lines (``TYPED``); there is no ``[DONE]`` and no keep-alive.
+    """
+
+    def __init__(self, parse: ParseClient, store: ResponseStore) -> None:
+        self._parse = parse
+        self._store = store
+        self._endpoint = TurnEndpoint(TYPED)
+
+    async def create(self, request: Request) -> Response:
+        raw = await read_json(request)
+        body = ResponsesRequest.model_validate(raw)
+        public, info = await self._parse.resolve_model(body.model)
+        history: tuple[chat_pb2.Message, ...] = ()
+        if body.previous_response_id:
+            stored = self._store.get(body.previous_response_id)
+            if stored is None:
+                raise errors.InvalidRequestError(
+                    f"Previous response with id '{body.previous_response_id}' not found "
+                    f"(this server keeps responses in memory for {self._store.ttl:g} s).",
+                    param="previous_response_id",
+                )
+            history = stored.conversation
+        response_id = new_request_id(request, "resp_")
+        converted = chat_request(body, request.headers, history, model=info.served_model_name,
+                                 request_id=response_id)
+        annotate_span(converted.chat)
+        include = set(body.include or ())
+        encoder = ResponseEncoder(_skeleton(body, raw, response_id, public), converted.tools,
+                                  include_encrypted=ENCRYPTED_REASONING in include)
+
+        def remember(response: dict[str, Any]) -> None:
+            if body.store:
+                self._store.put(response["id"], [*converted.history, encoder.assistant_message()], response)
+
+        return await self._endpoint.respond(request, self._parse.chat(converted.chat), encoder,
+                                            streaming=body.stream, on_complete=remember)

@@ -1,1 +1,0 @@
-"""The OpenAI Responses API (``POST /v1/responses``): models, conversion, events, store, endpoint."""

@@ -1,0 +1,307 @@
+"""The one endpoint helper of the three HTTP chat APIs: from the parse stream to a response.
+
+An API supplies a :class:`TurnEncoder` (its ``encode.py``: frames from a ``TurnFold``) and a
+:class:`Framing` (how its frames are written as server-sent events); :class:`TurnEndpoint` does the
+rest the same way for every API:
+
+- streaming: the parse service's first frame is read before any byte goes out, so early failures
+  (unknown model, no worker, prompt too long, an error event in the first frame) raise and become an
+  HTTP status at the app's error boundary. Then one SSE write per batch through one JSON encoder,
+  the API's keep-alive frame after ``keep_alive_interval`` of silence (Anthropic's ``ping``), and
+  after the first byte every failure in-band (``TurnEncoder.fail``, after ``public_error``).
+  The response always closes the parse stream, which cancels the parse call.
+- non-streaming: the same encoder folds the whole stream, ``reply()`` is the body; the work is
+  cancelled, and with it the parse call, when the client goes away.
+
+Also here: what every chat handler does first (JSON body, root-span attributes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from opentelemetry import trace
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.boundary import public_error, request_id_of
+from gateway.turn import TurnFold
+from services.api import chat_pb2
+from services.common import errors
+
+Frame = dict[str, Any]
+ParseStream = AsyncGenerator[chat_pb2.ChatEventBatch, None]
+
+
+# -- before the turn ------------------------------------------------------------------------------
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON; malformed JSON is a 400."""
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
+
+
+def annotate_span(request: chat_pb2.ChatRequest) -> None:
+    """Put who-and-what attributes on the request's root span."""
+    span = trace.get_current_span()
+    span.set_attribute("gen_ai.request.model", request.model)
+    span.set_attribute("model", request.model)
+    span.set_attribute("request.id", request.request_id)
+    span.set_attribute("session.id", request.identity.session_id)
+    span.set_attribute("trajectory.id", request.identity.trajectory_id)
+    span.set_attribute("harness.name", request.identity.harness)
+
+
+# -- server-sent events ---------------------------------------------------------------------------
+
+
+def dumps(payload: Frame) -> bytes:
+    """The one JSON encoding of every SSE frame: compact, UTF-8 (like starlette's ``JSONResponse``)."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _unnamed(payload: Frame) -> str | None:
+    return None
+
+
+def _typed(payload: Frame) -> str | None:
+    return str(payload["type"])
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How an API writes its frames as server-sent events.
+
+    ``event`` names a frame's ``event:`` line (None: a bare ``data:`` line); ``end`` is written after
+    the last frame of a stream, error or not (OpenAI's ``data: [DONE]``); ``keep_alive`` is the frame
+    sent on a long silence, or None.
+    """
+
+    event: Callable[[Frame], str | None] = _unnamed
+    end: bytes = b""
+    keep_alive: Frame | None = None
+
+    def frames(self, payloads: Iterable[Frame]) -> bytes:
+        """Several frames in one write."""
+        out = []
+        for payload in payloads:
+            name = self.event(payload)
+            head = b"event: " + name.encode() + b"\n" if name else b""
+            out.append(head + b"data: " + dumps(payload) + b"\n\n")
+        return b"".join(out)
+
+
+TYPED = Framing(event=_typed)  # ``event: <type>`` before every frame (Anthropic, Responses)
+
+
+def typed_events(events: Iterable[Frame]) -> bytes:
+    """``event: TYPE`` + ``data: JSON`` per event, all in one write."""
+    return TYPED.frames(events)
+
+
+class EventStreamResponse(StreamingResponse):
+    """A ``text/event-stream`` response that awaits ``on_close`` however the response ends.
+
+    Starlette cancels the body iterator when the client disconnects; ``on_close`` also covers a
+    disconnect before the iterator ever started, so the upstream gRPC call is always cancelled.
+    """
+
+    def __init__(self, content: AsyncIterable[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+# -- the turn -------------------------------------------------------------------------------------
+
+
+class TurnEncoder(Protocol):
+    """An API's encoder of one turn; it feeds its own ``fold`` and reads it.
+
+    ``start()`` frames before the first batch (streaming only), ``feed()`` a batch's frames,
+    ``close()`` the frames of a turn that ended without an error (it may raise: the turn is broken),
+    ``fail()`` the in-band frames of an error after the first byte, ``reply()`` the non-streaming body
+    (after ``close()``). ``complete``: nothing the stream may still send matters to this API's stream,
+    which ends there (Anthropic's ``message_stop``).
+    """
+
+    fold: TurnFold
+
+    @property
+    def complete(self) -> bool: ...
+
+    def start(self) -> list[Frame]: ...
+
+    def feed(self, batch: chat_pb2.ChatEventBatch) -> list[Frame]: ...
+
+    def close(self) -> list[Frame]: ...
+
+    def fail(self, error: errors.MeshError) -> list[Frame]: ...
+
+    def reply(self) -> Frame: ...
+
+
+async def first_frame(stream: ParseStream) -> chat_pb2.ChatEventBatch:
+    """The stream's first frame, read before any byte goes out so early errors keep their HTTP status.
+
+    On failure the stream is closed (cancelling the parse call) and the error propagates.
+    """
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        return chat_pb2.ChatEventBatch()
+    except BaseException:
+        await stream.aclose()
+        raise
+
+
+async def cancel_on_disconnect(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """Run ``work`` (a non-streaming request) but cancel it, and the parse call, if the client leaves."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise errors.RequestCancelledError("the client went away")
+    return task.result()
+
+
+async def _paced(stream: ParseStream, interval: float | None) -> AsyncGenerator[chat_pb2.ChatEventBatch | None, None]:
+    """The stream's batches, and None after every ``interval`` seconds of silence (no interval: never)."""
+    if interval is None:
+        async for batch in stream:
+            yield batch
+        return
+    pending: asyncio.Future[chat_pb2.ChatEventBatch] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(stream))
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield None
+                continue
+            try:
+                batch = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield batch
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+
+
+@dataclass(frozen=True)
+class TurnEndpoint:
+    """Answers a chat request from its parse stream, streaming or not, in one API's framing."""
+
+    framing: Framing
+    keep_alive_interval: float = 10.0
+
+    async def respond(
+        self,
+        request: Request,
+        stream: ParseStream,
+        encoder: TurnEncoder,
+        *,
+        streaming: bool,
+        on_complete: Callable[[Frame], None] | None = None,
+    ) -> Response:
+        """The response to ``request``; ``on_complete`` gets the reply of a turn that ended well."""
+        if streaming:
+            return await self._stream(request, stream, encoder, on_complete)
+        return await cancel_on_disconnect(request, self._complete(stream, encoder, on_complete))
+
+    async def _complete(
+        self, stream: ParseStream, encoder: TurnEncoder, on_complete: Callable[[Frame], None] | None
+    ) -> Response:
+        async with contextlib.aclosing(stream):
+            async for batch in stream:
+                encoder.feed(batch)
+                if encoder.fold.error is not None:
+                    raise encoder.fold.error
+        encoder.close()  # read to the end: the parse service finishes its turn (prefix watch) before EOF
+        reply = encoder.reply()
+        if on_complete is not None:
+            on_complete(reply)
+        return JSONResponse(reply)
+
+    async def _stream(
+        self, request: Request, stream: ParseStream, encoder: TurnEncoder,
+        on_complete: Callable[[Frame], None] | None,
+    ) -> Response:
+        first = await first_frame(stream)
+        head = encoder.start() + encoder.feed(first)
+        if encoder.fold.error is not None:
+            await stream.aclose()
+            raise encoder.fold.error  # no byte sent yet: an HTTP status
+        body = self._body(head, stream, encoder, request_id_of(request), on_complete)
+        return EventStreamResponse(body, on_close=stream.aclose)
+
+    async def _body(
+        self, head: list[Frame], stream: ParseStream, encoder: TurnEncoder, request_id: str,
+        on_complete: Callable[[Frame], None] | None,
+    ) -> AsyncIterator[bytes]:
+        framing = self.framing
+        yield framing.frames(head)
+        interval = self.keep_alive_interval if framing.keep_alive is not None else None
+        batches = _paced(stream, interval)
+        try:
+            async with contextlib.aclosing(batches):
+                while not encoder.complete:
+                    batch = await anext(batches, _END)
+                    if batch is _END:
+                        break
+                    if batch is None:
+                        assert framing.keep_alive is not None
+                        yield framing.frames([framing.keep_alive])  # a long gap: keep the client waiting
+                        continue
+                    frames = encoder.feed(batch)
+                    if encoder.fold.error is not None:
+                        frames += encoder.fail(public_error(encoder.fold.error, request_id))
+                        yield framing.frames(frames) + framing.end
+                        return
+                    if frames:
+                        yield framing.frames(frames)
+            tail = encoder.close()
+            if on_complete is not None:
+                on_complete(encoder.reply())
+        except Exception as exc:  # after the first byte every failure goes in-band
+            yield framing.frames(encoder.fail(public_error(exc, request_id))) + framing.end
+            return
+        yield framing.frames(tail) + framing.end
+
+
+_END = chat_pb2.ChatEventBatch()  # sentinel: the stream ended

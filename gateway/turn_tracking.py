@@ -1,0 +1,236 @@
+"""Agent turns as the gateway sees them: span links, harness tool time, metrics and trace records.
+
+Every API ends in ``ParseClient.chat``; it hands each request to :meth:`TurnTracker.begin` and each
+event batch to :meth:`Turn.observe`, so no handler does any of this itself. What the turn produced
+(worker, usage, finish, dispatched calls, error) is read from a ``gateway.turn.TurnFold``, the same
+fold the APIs' encoders read. Per turn:
+
+* the current (root) span gets the identity and ``gen_ai.*`` attributes, and a link to the previous
+  turn of the same trajectory (bounded map session/trajectory -> last root span context);
+* the identity becomes W3C baggage for the gRPC call to parse, and rides on to every hop;
+* tool results in the request that answer calls we dispatched earlier become ``harness.tool`` spans
+  from our dispatch to their arrival (bounded map tool_call_id -> dispatch time and name);
+* at the end: TTFT / inter-token / end-to-end histograms, cached-token ratio, dispatch lead time, and
+  one trace record when a sink is configured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import context, trace
+
+from gateway.metrics import GatewayMetrics
+from gateway.trace_records import TraceRecord, TraceRecordSink
+from gateway.turn import OUTPUT, CallDispatched, ToolCall, TurnFold
+from services.api import chat_pb2
+from services.common.tracing import identity_context
+
+# The API a request arrived through; the HTTP middleware sets it per route, the gRPC edge is the default.
+API: ContextVar[str] = ContextVar("harnessmesh_api", default="grpc")
+
+
+@dataclass(frozen=True)
+class _Dispatched:
+    name: str
+    at_ns: int                       # wall clock, for the harness.tool span's start
+    at: float                        # monotonic
+    turn: trace.SpanContext          # the root span of the turn that dispatched it
+    harness: str
+
+
+def _bounded_put(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > limit:
+        table.popitem(last=False)
+
+
+class TurnTracker:
+    """Per-process turn bookkeeping (bounded: the least recently used entries go first)."""
+
+    def __init__(self, tracer: trace.Tracer | None = None, metrics: GatewayMetrics | None = None,
+                 records: TraceRecordSink | None = None, *, max_entries: int = 8192) -> None:
+        self.tracer = tracer or trace.get_tracer("harnessmesh.gateway")
+        self.metrics = metrics
+        self.records = records
+        self._limit = max_entries
+        self._last_turn: OrderedDict[str, trace.SpanContext] = OrderedDict()
+        self._dispatched: OrderedDict[str, _Dispatched] = OrderedDict()
+
+    def begin(self, request: chat_pb2.ChatRequest) -> Turn:
+        turn = Turn(self, request)
+        root = trace.get_current_span()
+        ident = request.identity
+        root.set_attributes({
+            "session.id": ident.session_id, "trajectory.id": ident.trajectory_id, "harness.name": ident.harness,
+            "gen_ai.conversation.id": ident.session_id, "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": request.model, "model": request.model, "request.id": request.request_id,
+            "harnessmesh.api": turn.api,
+        })
+        if ident.parent_trajectory_id:
+            root.set_attribute("trajectory.parent_id", ident.parent_trajectory_id)
+        if request.sampling.max_tokens:
+            root.set_attribute("gen_ai.request.max_tokens", request.sampling.max_tokens)
+        root_ctx = root.get_span_context()
+        if root_ctx.is_valid and not ident.anonymous:
+            key = f"{ident.session_id}/{ident.trajectory_id}"
+            previous = self._last_turn.get(key)
+            if previous is not None:
+                root.add_link(previous, {"link.type": "previous_turn"})
+            _bounded_put(self._last_turn, key, root_ctx, self._limit)
+        self._tool_results(request, turn)
+        return turn
+
+    def _tool_results(self, request: chat_pb2.ChatRequest, turn: Turn) -> None:
+        """``harness.tool`` spans for results of calls we dispatched (each recorded once)."""
+        if not self._dispatched:
+            return
+        now_ns, now = time.time_ns(), time.monotonic()
+        for message in request.messages:
+            if message.role != "tool" or not message.tool_call_id:
+                continue
+            dispatched = self._dispatched.pop(message.tool_call_id, None)
+            if dispatched is None:
+                continue
+            seconds = max(now - dispatched.at, 0.0)
+            links = [trace.Link(dispatched.turn, {"link.type": "dispatching_turn"})] \
+                if dispatched.turn.is_valid else []
+            span = self.tracer.start_span("harness.tool", context=turn.context, start_time=dispatched.at_ns,
+                                          links=links, attributes={
+                                              "gen_ai.tool.name": dispatched.name, "tool.name": dispatched.name,
+                                              "gen_ai.tool.call.id": message.tool_call_id,
+                                              "tool.call_id": message.tool_call_id, "tool.is_error": message.is_error,
+                                          })
+            if message.is_error:
+                span.set_status(trace.StatusCode.ERROR, "the tool reported an error")
+            span.end(end_time=max(now_ns, dispatched.at_ns))
+            turn.tool_results.append({"id": message.tool_call_id, "name": dispatched.name,
+                                      "tool_ms": round(seconds * 1000, 3), "is_error": message.is_error})
+            if self.metrics is not None:
+                self.metrics.harness_tool.labels(dispatched.harness or "unknown").observe(seconds)
+
+    def dispatched(self, call_id: str, value: _Dispatched) -> None:
+        _bounded_put(self._dispatched, call_id, value, self._limit)
+
+
+class Turn:
+    """One request's observation: fed every event batch, ended exactly once."""
+
+    def __init__(self, tracker: TurnTracker, request: chat_pb2.ChatRequest) -> None:
+        self._tracker = tracker
+        self.request = request
+        self.api = API.get()
+        self.ts = time.time()
+        self.started = time.monotonic()
+        ident = request.identity
+        self.context = identity_context(ident.session_id, ident.trajectory_id, ident.harness)
+        self.first: float | None = None
+        self.last: float | None = None
+        self.fold = TurnFold()
+        self.tool_calls: list[dict[str, Any]] = []
+        self.tool_results: list[dict[str, Any]] = []
+        self._dispatch_times: list[float] = []
+        self._ended = False
+        if tracker.metrics is not None:
+            tracker.metrics.active.labels(self.api).inc()
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        """Make the identity baggage current (around starting the parse call: its metadata carries it)."""
+        token = context.attach(self.context)
+        try:
+            yield
+        finally:
+            context.detach(token)
+
+    def observe(self, batch: chat_pb2.ChatEventBatch) -> None:
+        output = [d for d in self.fold.feed(batch) if isinstance(d, OUTPUT)]
+        if not output:
+            return
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        self.last = now
+        for d in output:
+            if isinstance(d, CallDispatched):
+                self._dispatch(d.call, now)
+
+    def _dispatch(self, call: ToolCall, now: float) -> None:
+        root = trace.get_current_span().get_span_context()
+        self._tracker.dispatched(call.id, _Dispatched(call.name, time.time_ns(), now, root,
+                                                      self.request.identity.harness))
+        self._dispatch_times.append(now)
+        self.tool_calls.append({"id": call.id, "name": call.name,
+                                "dispatch_ms": round((now - self.started) * 1000, 3)})
+
+    def end(self, outcome: str) -> None:
+        """Record the turn: ``outcome`` is ok, error or cancelled (an in-band error makes ok an error)."""
+        if self._ended:
+            return
+        self._ended = True
+        fold = self.fold
+        if fold.error is not None:
+            outcome = "error"
+        elif fold.finished:
+            outcome = "ok"  # a consumer may stop reading right after the finish event
+        elif outcome == "ok":
+            outcome = "error"  # the stream ended without a finish
+        now = time.monotonic()
+        model, usage = self.request.model, fold.usage
+        prompt, cached = usage.prompt_tokens, usage.cached_tokens
+        ttft = None if self.first is None else self.first - self.started
+        itl = None
+        if self.first is not None and self.last is not None and usage.completion_tokens > 1:
+            itl = (self.last - self.first) / (usage.completion_tokens - 1)
+        root = trace.get_current_span()
+        root.set_attributes({
+            "gen_ai.usage.input_tokens": prompt, "gen_ai.usage.output_tokens": usage.completion_tokens,
+            "gen_ai.usage.cached_tokens": cached, "gen_ai.response.model": model,
+            "harnessmesh.worker_id": fold.worker_id, "harnessmesh.outcome": outcome,
+        })
+        if fold.finish_name:
+            root.set_attribute("gen_ai.response.finish_reasons", [fold.finish_name])
+        if ttft is not None:
+            root.set_attribute("harnessmesh.ttft_ms", round(ttft * 1000, 3))
+        metrics = self._tracker.metrics
+        if metrics is not None:
+            labels = (model, self.api)
+            metrics.active.labels(self.api).dec()
+            metrics.requests.labels(*labels, outcome).inc()
+            metrics.e2e.labels(*labels).observe(now - self.started)
+            if ttft is not None:
+                metrics.ttft.labels(*labels).observe(ttft)
+            if itl is not None:
+                metrics.itl.labels(*labels).observe(itl)
+            if prompt:
+                metrics.prompt_tokens.labels(*labels).inc(prompt)
+                metrics.cached_tokens.labels(*labels).inc(cached)
+                metrics.cached_ratio.labels(*labels).observe(cached / prompt)
+            metrics.completion_tokens.labels(*labels).inc(usage.completion_tokens)
+            for at in self._dispatch_times:
+                metrics.tool_dispatch_lead.labels(*labels).observe(now - at)
+        if self._tracker.records is not None:
+            self._tracker.records.write(self._record(outcome, ttft, itl, now))
+
+    def _record(self, outcome: str, ttft: float | None, itl: float | None, now: float) -> TraceRecord:
+        ident, fold, usage = self.request.identity, self.fold, self.fold.usage
+        ctx = trace.get_current_span().get_span_context()
+        return TraceRecord(
+            ts=round(self.ts, 6), request_id=self.request.request_id, api=self.api, model=self.request.model,
+            session_id=ident.session_id, trajectory_id=ident.trajectory_id,
+            parent_trajectory_id=ident.parent_trajectory_id, harness=ident.harness,
+            trace_id=format(ctx.trace_id, "032x") if ctx.is_valid else "", outcome=outcome,
+            finish_reason=fold.finish_name, worker_id=fold.worker_id, prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            ttft_ms=None if ttft is None else round(ttft * 1000, 3),
+            itl_ms=None if itl is None else round(itl * 1000, 3),
+            e2e_ms=round((now - self.started) * 1000, 3), tool_calls=self.tool_calls, tool_results=self.tool_results,
+        )
