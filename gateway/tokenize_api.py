@@ -12,7 +12,8 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.apis.openai_chat.convert import convert_message, convert_tools, identity_and_hints
+from gateway.apis.canonical import identity_and_hints
+from gateway.apis.openai_chat.convert import convert_message, convert_tools
 from gateway.apis.openai_chat.models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 from gateway.parse_client import ParseClient
 from gateway.streaming import read_json

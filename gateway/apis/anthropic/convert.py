@@ -36,7 +36,7 @@ from gateway.apis.anthropic.models import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from gateway.apis.openai_chat.convert import identity_and_hints
+from gateway.apis.canonical import identity_and_hints, sampling_params
 from services.api import chat_pb2, common_pb2
 from services.common.errors import InvalidRequestError
 
@@ -217,14 +217,8 @@ def chat_request(
                                          user_id=body.metadata.user_id if body.metadata else None)
     sampling = common_pb2.SamplingParams()
     if isinstance(body, MessagesRequest):
-        sampling.max_tokens = body.max_tokens
-        sampling.stop.extend(body.stop_sequences or ())
-        if body.temperature is not None:
-            sampling.temperature = body.temperature
-        if body.top_p is not None:
-            sampling.top_p = body.top_p
-        if body.top_k is not None:
-            sampling.top_k = body.top_k
+        sampling = sampling_params(max_tokens=body.max_tokens, stop=body.stop_sequences or (),
+                                   temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
     if not body.messages:
         raise InvalidRequestError("messages: at least one message is required", param="messages")
     kwargs = template_kwargs(body)

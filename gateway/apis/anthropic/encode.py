@@ -62,6 +62,7 @@ class _Block:
     index: int
     content: dict[str, Any]  # the block as the non-streaming message shows it
     text: str = ""  # thinking text (for the signature) or tool arguments streamed so far
+    stopped: bool = False  # content_block_stop went out (a block is stopped once)
 
 
 def usage_fields(usage: common_pb2.Usage) -> dict[str, int]:
@@ -137,6 +138,9 @@ class MessageEncoder:
             block.content["signature"] = delta["signature"]
 
     def _stop_block(self, block: _Block, out: list[Event]) -> None:
+        if block.stopped:
+            return  # a tool block closed when the next block began is not stopped again at its dispatch
+        block.stopped = True
         if block.kind == "thinking":
             self._delta(block, {"type": "signature_delta", "signature": self.signer.sign(block.text)}, out)
         elif block.kind == "tool_use":

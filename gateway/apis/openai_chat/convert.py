@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from gateway.apis.canonical import identity_and_hints, mode_tool_choice, named_tool_choice, sampling_params
 from gateway.apis.openai_chat.models import (
-    AgentContextIn,
-    AgentHintsIn,
     ChatCompletionRequest,
     ChatMessage,
     ContentPart,
     NamedToolChoice,
     ToolDef,
 )
-from gateway.identity import resolve_identity
-from services.api import chat_pb2, common_pb2
+from services.api import chat_pb2
 from services.common.errors import InvalidRequestError
 
 
@@ -87,47 +85,8 @@ def convert_tool_choice(
     if choice is None:
         return chat_pb2.ToolChoice(mode="auto")
     if isinstance(choice, str):
-        if choice == "required" and not tools:
-            raise InvalidRequestError("tool_choice=required needs tools", param="tool_choice")
-        return chat_pb2.ToolChoice(mode=choice)
-    name = choice.function.name
-    if name not in {t.name for t in tools}:
-        raise InvalidRequestError(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-    return chat_pb2.ToolChoice(mode="named", name=name)
-
-
-def _header_int(headers: Mapping[str, str], name: str) -> int | None:
-    raw = headers.get(name)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidRequestError(f"header {name} must be an integer, got {raw!r}", param=name) from None
-
-
-def _header_bool(headers: Mapping[str, str], name: str) -> bool | None:
-    raw = headers.get(name)
-    if raw is None or not raw.strip():
-        return None
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
-def identity_and_hints(
-    headers: Mapping[str, str], context: AgentContextIn | None, hints: AgentHintsIn | None, *,
-    user_id: str | None = None, prompt_cache_key: str | None = None,
-) -> tuple[common_pb2.Identity, common_pb2.AgentHints]:
-    """Identity by ``gateway.identity``'s precedence; ``nvext.agent_hints`` win over the ``x-harnessmesh-*`` headers."""
-    identity = resolve_identity(headers, context, user_id=user_id, prompt_cache_key=prompt_cache_key)
-    h = hints or AgentHintsIn()
-    priority = h.priority if h.priority is not None else _header_int(headers, "x-harnessmesh-priority")
-    osl = h.osl if h.osl is not None else _header_int(headers, "x-harnessmesh-osl")
-    spec = (
-        h.speculative_prefill
-        if h.speculative_prefill is not None
-        else _header_bool(headers, "x-harnessmesh-speculative-prefill")
-    )
-    return identity, common_pb2.AgentHints(priority=priority or 0, osl=osl or 0, speculative_prefill=bool(spec))
+        return mode_tool_choice(choice, tools)
+    return named_tool_choice(choice.function.name, tools, param="tool_choice")
 
 
 def chat_request(
@@ -136,17 +95,10 @@ def chat_request(
     """The canonical request for an OpenAI chat completion request."""
     tools = convert_tools(body.tools)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
-    sampling = common_pb2.SamplingParams(
-        max_tokens=body.max_completion_tokens or body.max_tokens or 0, stop=stop, ignore_eos=body.ignore_eos
+    sampling = sampling_params(
+        max_tokens=body.max_completion_tokens or body.max_tokens or 0, stop=stop, temperature=body.temperature,
+        top_p=body.top_p, top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
     )
-    if body.temperature is not None:
-        sampling.temperature = body.temperature
-    if body.top_p is not None:
-        sampling.top_p = body.top_p
-    if body.top_k is not None:
-        sampling.top_k = body.top_k
-    if body.seed is not None:
-        sampling.seed = body.seed
     nvext = body.nvext
     identity, hints = identity_and_hints(
         headers, nvext.agent_context if nvext else None, nvext.agent_hints if nvext else None

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from gateway.apis.openai_chat.convert import identity_and_hints
+from gateway.apis.canonical import identity_and_hints, mode_tool_choice, named_tool_choice, sampling_params
 from gateway.apis.responses.errors import from_validation_error
 from gateway.apis.responses.models import (
     ContentPartIn,
@@ -34,7 +34,7 @@ from gateway.apis.responses.models import (
     ResponsesRequest,
 )
 from gateway.apis.responses.reasoning_codec import decode_reasoning
-from services.api import chat_pb2, common_pb2
+from services.api import chat_pb2
 from services.common.errors import InvalidRequestError
 
 log = structlog.get_logger()
@@ -239,14 +239,9 @@ def _tool_choice(body: ResponsesRequest, tools: Sequence[chat_pb2.Tool]) -> chat
     if choice is None:
         return chat_pb2.ToolChoice(mode="auto")
     if isinstance(choice, str):
-        if choice == "required" and not tools:
-            raise InvalidRequestError("tool_choice=required needs tools", param="tool_choice")
-        return chat_pb2.ToolChoice(mode=choice)
+        return mode_tool_choice(choice, tools)
     if choice.type in ("function", "custom"):
-        if not choice.name or choice.name not in {t.name for t in tools}:
-            raise InvalidRequestError(f"tool_choice names {choice.name!r}, which is not in tools",
-                                      param="tool_choice.name")
-        return chat_pb2.ToolChoice(mode="named", name=choice.name)
+        return named_tool_choice(choice.name, tools, param="tool_choice.name")
     return chat_pb2.ToolChoice(mode="auto")  # allowed_tools, built-in tool types: the model decides
 
 
@@ -280,11 +275,7 @@ def chat_request(
         raise InvalidRequestError("input must contain at least one message", param="input")
     if body.text and body.text.format and body.text.format.type != "text":
         log.debug("responses.text_format_ignored", format=body.text.format.type)
-    sampling = common_pb2.SamplingParams(max_tokens=body.max_output_tokens or 0)
-    if body.temperature is not None:
-        sampling.temperature = body.temperature
-    if body.top_p is not None:
-        sampling.top_p = body.top_p
+    sampling = sampling_params(max_tokens=body.max_output_tokens or 0, temperature=body.temperature, top_p=body.top_p)
     nvext = body.nvext
     identity, hints = identity_and_hints(
         headers, nvext.agent_context if nvext else None, nvext.agent_hints if nvext else None,

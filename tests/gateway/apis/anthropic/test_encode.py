@@ -73,6 +73,17 @@ def test_tool_block_stops_the_moment_arguments_complete() -> None:
     assert json.loads(partial) == {"command": "ls"}
 
 
+def test_each_block_is_stopped_once_when_a_parallel_call_starts_before_the_first_dispatch() -> None:
+    _, outs = encode(
+        batch(started(), call_start(0, "c0", "Bash"), call_args(0, '{"command": "ls"}'),
+              call_start(1, "c1", "Read"), call_args(1, '{"path": "a"}')),
+        batch(dispatch(0, "c0", "Bash", '{"command": "ls"}'), dispatch(1, "c1", "Read", '{"path": "a"}')),
+        batch(usage(7, 9), finish(common_pb2.FINISH_REASON_TOOL_CALLS)),
+    )
+    stops = [e["index"] for e in flat(outs) if e["type"] == "content_block_stop"]
+    assert stops == [0, 1]
+
+
 def test_arguments_only_in_dispatch_are_still_sent() -> None:
     _, outs = encode(batch(started(), dispatch(0, "c0", "Bash", '{"command": "ls"}'), finish()))
     events = flat(outs)
