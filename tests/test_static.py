@@ -53,3 +53,24 @@ def test_readme_layout_matches_the_tree() -> None:
     packages = {str(p.parent.relative_to(REPO)) for p in REPO.glob("services/*/__init__.py")}
     packages |= {"gateway"}
     assert packages <= listed | {"services/api"}, sorted(packages - listed)
+
+
+PACKAGE_READMES = sorted([*REPO.glob("services/*/README.md"), REPO / "gateway" / "README.md"])
+
+
+@pytest.mark.parametrize("readme", PACKAGE_READMES, ids=lambda p: str(p.parent.relative_to(REPO)))
+def test_package_readme_maps_every_module_and_names_only_real_files(readme: Path) -> None:
+    """Each package README names its one responsibility and lists each module; each path it names exists."""
+    import re
+
+    package = readme.parent
+    text = readme.read_text()
+    assert "responsibility" in text.lower(), f"{readme}: name the package's one responsibility"
+    named = set(re.findall(r"`([\w/.]+\.py)`", text))
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py") if "_pb2" not in p.name}
+    unlisted = {m for m in modules if not m.endswith("__init__.py") and m not in named
+                and m.rsplit("/", 1)[-1] not in named}
+    assert not unlisted, f"{readme}: modules missing from the file map: {sorted(unlisted)}"
+    stale = {n for n in named if not (package / n).exists() and not (REPO / n).exists()
+             and not any(m.endswith("/" + n) or m == n for m in modules)}
+    assert not stale, f"{readme}: names files that do not exist: {sorted(stale)}"
