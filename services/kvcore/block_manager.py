@@ -15,15 +15,18 @@ Invariants:
   :meth:`BlockManager.clear` ``KvCleared``. Removals are emitted before the stores of the same call.
 * Failed allocations change nothing: :meth:`BlockManager.append` returns False and the caller
   decides (wait, or preempt another sequence).
+* Each block of a sequence's token stream is hashed once: ``KvSequence.known`` keeps the stream's
+  chained hashes across :meth:`BlockManager.free` (a preempted request re-admitted hashes nothing
+  again), extended as the stream grows or seeded by a caller that already has them.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.common.block_hash import chain, local_block_hashes, seed_for, sequence_hashes
+from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 
 
@@ -34,15 +37,35 @@ class _Block:
     ref_count: int = 0
 
 
-class KvSequence:
-    """One request's block table: the tokens whose KV it holds, its full blocks and partial block."""
+@dataclass
+class _Probe:
+    """The last :meth:`BlockManager.probe_prefix`: its answer holds while ``epoch`` is current."""
 
-    def __init__(self, salt: str = "") -> None:
+    seq: KvSequence
+    limit: int
+    matched: int
+    epoch: int
+    touched: bool = False
+
+
+class KvSequence:
+    """One request's block table: the tokens whose KV it holds, its full blocks and partial block.
+
+    A sequence belongs to one token stream that only grows (a request's prompt, then its generated
+    tokens; a recompute after preemption feeds the same tokens again): every ``token_ids`` given to
+    :meth:`BlockManager.acquire_prefix` / :meth:`BlockManager.append` continues or repeats that stream.
+    ``known`` caches the stream's chained block hashes (``hashes`` is always a prefix of it); it survives
+    :meth:`BlockManager.free`, and a caller that hashed the prompt already (the router's placement in the
+    simulator) passes them in as ``known`` so nothing is hashed twice.
+    """
+
+    def __init__(self, salt: str = "", known: list[int] | None = None) -> None:
         self.salt = salt
         self.seed = seed_for(salt)
         self.tokens: list[int] = []
         self.hashes: list[int] = []       # sequence hashes of the full blocks it references
         self.partial: _Block | None = None
+        self.known: list[int] = known if known is not None else []  # hashes of the stream's full blocks
 
     @property
     def num_blocks(self) -> int:
@@ -63,6 +86,9 @@ class BlockManager:
         self._full: dict[int, _Block] = {}
         self._inactive: OrderedDict[int, None] = OrderedDict()  # first = least recently used
         self._next_event_id = 1
+        self._lru_epoch = 0                 # bumped whenever a block enters the LRU list or moves in it
+        self._probe: _Probe | None = None   # the last probe_prefix (see there)
+        self._watch: set[int] = set()       # its inactive prefix blocks: one leaving the list voids it
         self.pending_events: list[KvEvent] = []
         self._on_event = on_event if on_event is not None else self.pending_events.append
 
@@ -115,10 +141,10 @@ class BlockManager:
         """
         if seq.tokens or seq.partial is not None:
             raise ValueError("acquire_prefix needs an empty sequence")
-        limit = max(0, (len(token_ids) - 1) // self.block_size)
+        full = self._full
         hashes: list[int] = []
-        for h in sequence_hashes(token_ids[: limit * self.block_size], self.block_size, seq.salt):
-            block = self._full.get(h)
+        for h in self._prefix_hashes(seq, token_ids):
+            block = full.get(h)
             if block is None:
                 break
             self._ref(block)
@@ -126,6 +152,54 @@ class BlockManager:
         seq.hashes = hashes
         seq.tokens = list(token_ids[: len(hashes) * self.block_size])
         return len(seq.tokens)
+
+    def probe_prefix(self, seq: KvSequence, token_ids: Sequence[int]) -> tuple[int, int]:
+        """What :meth:`acquire_prefix` would take, without taking it: (cached leading blocks, how many of
+        those are inactive, i.e. would stop being evictable).
+
+        The request at the head of the waiting queue is probed every step until it fits, so the last
+        probe is remembered (:class:`_Probe`) and answered again in O(1) while nothing it depends on
+        changed: no block went into the LRU list or moved in it (``_lru_epoch``), none of its inactive
+        prefix blocks left the list (``_watch``), and the block after its prefix is still not cached.
+        """
+        limit = max(0, (len(token_ids) - 1) // self.block_size)
+        last = self._probe
+        if (last is not None and last.seq is seq and last.limit == limit and last.epoch == self._lru_epoch
+                and (last.matched == limit or seq.known[last.matched] not in self._full)):
+            return last.matched, len(self._watch)
+        # C-speed scans (``map`` over bound methods)
+        prefix = self._prefix_hashes(seq, token_ids)
+        hits = list(map(self._full.__contains__, prefix))
+        try:
+            matched = hits.index(False)
+        except ValueError:
+            matched = len(prefix)
+        inactive = self._inactive  # exactly the full blocks no sequence references
+        self._watch = set(filter(inactive.__contains__, prefix[:matched]))
+        self._probe = _Probe(seq, limit, matched, self._lru_epoch)
+        return matched, len(self._watch)
+
+    def touch_prefix(self, seq: KvSequence, matched: int) -> None:
+        """An admission that did not fit: leave the LRU order as acquiring the first ``matched`` blocks of
+        ``seq``'s stream and freeing them again would (its inactive blocks become the most recently used,
+        the first block last), without the work of doing so. The prefix of the request that is tried
+        next counts as just used; :meth:`probe_prefix` gives ``matched`` (and its probe is remembered:
+        when it was already touched and nothing moved since, there is nothing to do)."""
+        last = self._probe
+        if last is not None and last.seq is seq and last.matched == matched and last.touched \
+                and last.epoch == self._lru_epoch:
+            return  # its inactive blocks are still the most recently used ones, in that order
+        inactive = self._inactive
+        deque(map(inactive.move_to_end, filter(inactive.__contains__, reversed(seq.known[:matched]))), maxlen=0)
+        self._lru_epoch += 1
+        if last is not None and last.seq is seq and last.matched == matched:
+            last.epoch, last.touched = self._lru_epoch, True
+
+    def _prefix_hashes(self, seq: KvSequence, token_ids: Sequence[int]) -> list[int]:
+        """The hashes of the blocks :meth:`acquire_prefix` may reuse (all full blocks but a last token's)."""
+        limit = max(0, (len(token_ids) - 1) // self.block_size)
+        known = extend_hashes(seq.known, token_ids, self.block_size, seq.seed, limit)
+        return known if len(known) <= limit else known[:limit]
 
     # -- allocation -----------------------------------------------------------------------------
 
@@ -144,21 +218,24 @@ class BlockManager:
         """Hold KV for ``token_ids`` after ``seq``'s tokens; False (and no change) if blocks run out."""
         if not token_ids:
             return True
+        bs = self.block_size
+        if seq.partial is not None and len(seq.tokens) - len(seq.hashes) * bs + len(token_ids) < bs:
+            seq.tokens.extend(token_ids)  # room in the partial block (a decode step): nothing taken, sealed or sent
+            return True
         if not self.can_append(seq, len(token_ids)):
             return False
-        bs = self.block_size
         removed: list[int] = []
         runs: list[tuple[int | None, list[StoredBlock]]] = []
-        pos = 0
-        while pos < len(token_ids):
+        seq.tokens.extend(token_ids)  # then block by block: take a block, seal it once it is full
+        end = len(seq.tokens)
+        while True:
             if seq.partial is None:
                 seq.partial = _Block(self._take_block_id(removed), ref_count=1)
-            used = len(seq.tokens) - len(seq.hashes) * bs
-            take = token_ids[pos : pos + bs - used]
-            seq.tokens.extend(take)
-            pos += len(take)
-            if used + len(take) == bs:
-                self._seal(seq, runs)
+            if end < (len(seq.hashes) + 1) * bs:
+                break
+            self._seal(seq, runs)
+            if end == len(seq.hashes) * bs:
+                break
         if removed:
             self._emit(KvRemoved(self._event_id(), tuple(removed)))
         for parent, blocks in runs:
@@ -167,11 +244,14 @@ class BlockManager:
 
     def free(self, seq: KvSequence) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order)."""
+        full, inactive = self._full, self._inactive
         for h in reversed(seq.hashes):
-            block = self._full[h]
+            block = full[h]
             block.ref_count -= 1
-            if block.ref_count == 0:
-                self._inactive[h] = None
+            if not block.ref_count:
+                inactive[h] = None
+        if seq.hashes:
+            self._lru_epoch += 1
         if seq.partial is not None:
             self._free_ids.append(seq.partial.block_id)
         seq.tokens = []
@@ -185,6 +265,7 @@ class BlockManager:
         for h in self._inactive:
             self._free_ids.append(self._full.pop(h).block_id)
         self._inactive.clear()
+        self._lru_epoch += 1
         self._emit(KvCleared(self._event_id()))
         return True
 
@@ -199,12 +280,16 @@ class BlockManager:
     def _ref(self, block: _Block) -> None:
         if block.ref_count == 0 and block.block_hash is not None:
             self._inactive.pop(block.block_hash, None)
+            if block.block_hash in self._watch:
+                self._probe = None
         block.ref_count += 1
 
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
             return self._free_ids.pop()
         victim, _ = self._inactive.popitem(last=False)
+        if victim in self._watch:
+            self._probe = None
         removed.append(victim)
         return self._full.pop(victim).block_id
 
@@ -213,10 +298,14 @@ class BlockManager:
         bs = self.block_size
         block = seq.partial
         assert block is not None
-        start = len(seq.hashes) * bs
-        (local,) = local_block_hashes(seq.tokens[start : start + bs], bs, seq.seed)
+        index = len(seq.hashes)
         parent = seq.hashes[-1] if seq.hashes else None
-        h = chain(parent, local, seq.seed)
+        if index < len(seq.known):
+            h = seq.known[index]
+        else:
+            (local,) = local_block_hashes(seq.tokens[index * bs : (index + 1) * bs], bs, seq.seed)
+            h = chain(parent, local)
+            seq.known.append(h)  # index == len(known): ``hashes`` is a prefix of ``known``
         seq.partial = None
         seq.hashes.append(h)
         twin = self._full.get(h)

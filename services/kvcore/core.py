@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from services.common.block_hash import PrefixHashCache
 from services.common.errors import InvalidRequestError, MeshError
 from services.kvcore.block_manager import BlockManager
 from services.kvcore.config import BatchingConfig
@@ -47,6 +48,8 @@ class EngineCore:
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.requests: dict[str, CoreRequest] = {}
         self.steps = 0
+        # an agent's next turn continues its last prompt: hash only the blocks past the common prefix
+        self.prefix_hashes = PrefixHashCache(config.block_size)
         self._on_release = on_release
 
     @property
@@ -59,6 +62,8 @@ class EngineCore:
         """Queue ``req``; its id must not be live already."""
         if req.request_id in self.requests:
             raise InvalidRequestError(f"request id {req.request_id!r} is already running", param="request_id")
+        if not req.seq.known:
+            req.seq.known = self.prefix_hashes.hashes(req.request.token_ids, req.request.cache_salt)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
 

@@ -32,13 +32,17 @@ class CoreRequest(OutputBuffer):
         *,
         tokenizer: Tokenizer,
         source: TokenSource | None = None,
+        block_hashes: list[int] | None = None,
     ) -> None:
+        """``block_hashes``: the prompt's chained block hashes at the engine's block size, when the caller
+        has them already (the simulator: the router's placement computed them); the request's KV sequence
+        takes the list over and extends it as the request grows."""
         request = checked.request
         super().__init__(request, max_tokens=checked.max_tokens, stop_ids=checked.stop_ids,
                          matcher=StopStringMatcher(tokenizer, request.stop))
         self.all_tokens: list[int] = list(request.token_ids)  # prompt + generated (recomputed on preemption)
         self.source = source
-        self.seq = KvSequence(request.cache_salt)
+        self.seq = KvSequence(request.cache_salt, block_hashes)
         self.engine_state: object | None = None
         self.arrived = time.monotonic()        # arrival, first admission, prompt done: for tracing
         self.admitted: float | None = None

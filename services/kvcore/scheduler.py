@@ -123,10 +123,8 @@ class Scheduler:
         if not plan.preempted:
             while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
                 req = self.waiting[0]
-                cached = self.blocks.acquire_prefix(req.seq, req.all_tokens)
-                item = self._try_schedule(req, budget)
+                item = self._try_admit(req, budget)
                 if item is None:
-                    self.blocks.free(req.seq)
                     if not self.running:  # cannot fit even into an empty cache (grew past capacity)
                         self.waiting.popleft()
                         req.finish("length")
@@ -134,7 +132,7 @@ class Scheduler:
                         continue
                     break
                 self.waiting.popleft()
-                req.mark_admitted(cached)
+                req.mark_admitted(item.start)
                 self.running.append(req)
                 plan.items.append(item)
                 budget -= max(item.prefill_tokens, 1)
@@ -149,15 +147,43 @@ class Scheduler:
 
     def _try_schedule(self, req: CoreRequest, budget: int) -> ScheduledItem | None:
         """Take blocks for ``req``'s share of the step; None (nothing taken) if they are not there."""
-        start = req.computed
+        start = len(req.seq.tokens)
+        if start == len(req.all_tokens):  # decoding: nothing to feed; hold the known next token (the hot path)
+            token = req.lookahead()
+            if token is not None and token not in req.stop_ids and not self.blocks.append(req.seq, (token,)):
+                return None
+            return ScheduledItem(req, start, [], True, token)
+        item, held = self._share(req, start, budget)
+        if not self.blocks.append(req.seq, held):
+            return None
+        return item
+
+    def _share(self, req: CoreRequest, start: int, budget: int) -> tuple[ScheduledItem, list[int]]:
+        """``req``'s share of the step from ``start`` on, and the tokens whose KV it holds (fed + known next)."""
         chunk = max(0, min(len(req.all_tokens) - start, budget))
         fed = req.all_tokens[start : start + chunk]
         samples = start + chunk == len(req.all_tokens)
         token = req.lookahead() if samples else None
         held = fed if token is None or token in req.stop_ids else [*fed, token]
-        if not self.blocks.append(req.seq, held):
+        return ScheduledItem(req, start, fed, samples, token), held
+
+    def _try_admit(self, req: CoreRequest, budget: int) -> ScheduledItem | None:
+        """Admit the waiting ``req``: its cached prefix plus its first share of the step; None if they do not fit.
+
+        The fit is decided before anything is taken (:meth:`BlockManager.probe_prefix`): a request at the
+        head of the queue is tried every step while it waits, and taking and freeing its whole prefix each
+        time cost O(prompt) per step. A refused try leaves the cache exactly as taking and freeing would.
+        """
+        blocks = self.blocks
+        matched, idle = blocks.probe_prefix(req.seq, req.all_tokens)
+        _, held = self._share(req, matched * blocks.block_size, budget)
+        if -(-len(held) // blocks.block_size) > blocks.available_blocks - idle:
+            blocks.touch_prefix(req.seq, matched)
             return None
-        return ScheduledItem(req, start, fed, samples, token)
+        blocks.acquire_prefix(req.seq, req.all_tokens)
+        item = self._try_schedule(req, budget)
+        assert item is not None, "the probe said it fits"
+        return item
 
     def _preempt(self, req: CoreRequest) -> None:
         self.running.remove(req)

@@ -53,10 +53,13 @@ class SimWorker:
         self.plan: StepPlan | None = None
         self.finished_early: list[CoreRequest] = []  # ended while scheduling (no KV room at all)
 
-    def add(self, request_id: str, tokens: list[int], max_tokens: int) -> CoreRequest:
+    def add(self, request_id: str, tokens: list[int], max_tokens: int,
+            block_hashes: list[int] | None = None) -> CoreRequest:
+        """Queue a request; ``block_hashes`` (the prompt's, at this worker's block size) spare hashing it again."""
         engine_request = EngineRequest(request_id, tokens, max_tokens=max_tokens, ignore_eos=True)
         req = CoreRequest(CheckedRequest(engine_request, max_tokens, frozenset()), tokenizer=self._model.tokenizer,
-                          source=TokenSource((), None, FillerText(self._vocab, len(tokens))))
+                          source=TokenSource((), None, FillerText(self._vocab, len(tokens))),
+                          block_hashes=block_hashes)
         self.core.add(req)
         return req
 

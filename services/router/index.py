@@ -105,6 +105,7 @@ class KvIndex:
         return self._apply_in_order(worker_id, state, pending)
 
     def _apply_in_order(self, worker_id: str, state: _WorkerState, events: list[KvEvent]) -> bool:
+        holders = self._holders
         for i, event in enumerate(events):
             if event.event_id <= state.last_event_id:
                 continue  # duplicate, or already covered by a dump
@@ -116,20 +117,23 @@ class KvIndex:
             state.last_event_id = event.event_id
             self.events_applied += 1
             if isinstance(event, StoredEvent):
-                holders = self._holders
-                blocks = state.blocks
+                state.blocks.update(event.block_hashes)
                 for block in event.block_hashes:
-                    blocks.add(block)
                     held = holders.get(block)
                     if held is None:
                         holders[block] = {worker_id}
                     else:
                         held.add(worker_id)
             elif isinstance(event, RemovedEvent):
+                blocks = state.blocks
                 for block in event.block_hashes:
-                    if block in state.blocks:
-                        state.blocks.discard(block)
-                        self._unhold(worker_id, block)
+                    if block in blocks:
+                        blocks.discard(block)
+                        held = holders.get(block)
+                        if held is not None:
+                            held.discard(worker_id)
+                            if not held:
+                                del holders[block]
             else:
                 for block in state.blocks:
                     self._unhold(worker_id, block)

@@ -6,10 +6,10 @@ NATS is imported here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.common.block_hash import sequence_hashes
+from services.common.block_hash import PrefixHashCache
 from services.router.index import KvEvent, KvIndex
 from services.router.policy import Candidate, PlacementPolicy, blocks_for
 from services.router.registry import WorkerEndpoint, WorkerLoad, WorkerRegistry
@@ -68,11 +68,16 @@ class Router:
     def __init__(
         self, index: KvIndex, registry: WorkerRegistry, policy: PlacementPolicy,
         saturation: Saturation | None = None,
+        hash_cache_tokens: int = 1 << 21,
     ) -> None:
+        """``hash_cache_tokens``: prompt tokens whose block hashes are kept per block size, so that an agent's
+        next turn hashes only its new blocks (:class:`PrefixHashCache`; 4 bytes a token; 0: off)."""
         self.index = index
         self.registry = registry
         self.policy = policy
         self.saturation = saturation or Saturation()
+        self._hash_cache_tokens = hash_cache_tokens
+        self._hash_caches: dict[int, PrefixHashCache] = {}
 
     def on_kv_events(self, worker_id: str, events: Sequence[KvEvent]) -> bool:
         """Apply events; True when the worker's stream has a gap to repair."""
@@ -99,8 +104,14 @@ class Router:
         *,
         osl: int = 0,
         prefer: str = "",
+        hashes: Mapping[int, Sequence[int]] | None = None,
     ) -> Placement:
-        """Rank every live worker for a prompt; ``prefer`` (if live) goes first whatever its cost."""
+        """Rank every live worker for a prompt; ``prefer`` (if live) goes first whatever its cost.
+
+        ``hashes``: the prompt's sequence hashes (with ``cache_salt``) per block size, when the caller has
+        them already (the simulator hands the same list to the worker's engine core); other block sizes
+        are hashed here.
+        """
         endpoints = [ep for ep in self.registry.endpoints() if ep.worker_id not in exclude]
         if not endpoints:
             return Placement([], 0)
@@ -109,7 +120,10 @@ class Router:
         for block_size in sorted({ep.block_size for ep in endpoints}):
             group = [ep.worker_id for ep in endpoints if ep.block_size == block_size]
             if self.policy.mode == "kv" or prefer:
-                overlaps.update(self.index.overlaps(sequence_hashes(token_ids, block_size, cache_salt), group))
+                known = hashes.get(block_size) if hashes is not None else None
+                if known is None:
+                    known = self._hash_cache(block_size).hashes(token_ids, cache_salt)
+                overlaps.update(self.index.overlaps(known, group))
             else:
                 overlaps.update(dict.fromkeys(group, 0))
             request_blocks = max(request_blocks, blocks_for(len(token_ids), block_size))
@@ -119,6 +133,13 @@ class Router:
         if prefer:
             ranked.sort(key=lambda c: c.worker_id != prefer)
         return Placement(ranked, request_blocks, decode_blocks)
+
+    def _hash_cache(self, block_size: int) -> PrefixHashCache:
+        cache = self._hash_caches.get(block_size)
+        if cache is None:
+            cache = self._hash_caches[block_size] = PrefixHashCache(
+                block_size, self._hash_cache_tokens)
+        return cache
 
     def begin(self, worker_id: str, placement: Placement, candidate: Candidate) -> InFlight:
         """Count a request against a worker's load while it runs there."""

@@ -137,3 +137,65 @@ def test_event_ids_are_consecutive_across_kinds() -> None:
 def test_invalid_sizes() -> None:
     with pytest.raises(ValueError):
         BlockManager(0, 16)
+
+
+def _lru_state(bm: BlockManager) -> tuple[list[int], int, int]:
+    return bm.lru_order(), bm.free_blocks, bm.cached_blocks
+
+
+def test_probe_and_touch_leave_the_cache_as_acquire_and_free_would() -> None:
+    """A waiting request that does not fit: probing + touching == taking its prefix and freeing it."""
+    def scenario() -> tuple[BlockManager, KvSequence, list[int]]:
+        bm = BlockManager(12, BS)
+        prompt = toks(1, 17)
+        a, _ = fill(bm, prompt)
+        other, _ = fill(bm, toks(100, 9))
+        bm.free(a)          # the prompt's blocks are cached, inactive
+        bm.free(other)      # and are older than these in LRU order
+        fill(bm, toks(200, 8))  # something active
+        return bm, KvSequence(), [*prompt, 99]
+
+    bm1, seq1, p = scenario()
+    cached = bm1.acquire_prefix(seq1, p)
+    bm1.free(seq1)
+    bm2, seq2, _ = scenario()
+    matched, idle = bm2.probe_prefix(seq2, p)
+    assert matched * BS == cached and idle == matched
+    bm2.touch_prefix(seq2, matched)
+    assert _lru_state(bm2) == _lru_state(bm1)
+    assert bm2.probe_prefix(seq2, p) == (matched, idle)  # remembered: nothing moved
+    bm2.touch_prefix(seq2, matched)
+    assert _lru_state(bm2) == _lru_state(bm1)
+    # something enters the LRU list after the touch: the next touch moves the prefix behind it again
+    for bm in (bm1, bm2):
+        extra, _ = fill(bm, toks(300, 4))
+        bm.free(extra)
+    bm1.acquire_prefix(seq1, p)
+    bm1.free(seq1)
+    assert bm2.probe_prefix(seq2, p) == (matched, idle)
+    bm2.touch_prefix(seq2, matched)
+    assert _lru_state(bm2) == _lru_state(bm1)
+    # evictions reach its blocks: the remembered probe sees them
+    for n in range(10):
+        s1, s2 = KvSequence(), KvSequence()
+        assert bm1.append(s1, toks(500 + 100 * n, BS)) == bm2.append(s2, toks(500 + 100 * n, BS))
+        assert bm2.probe_prefix(seq2, p) == bm1.probe_prefix(KvSequence(), p)
+    assert bm2.probe_prefix(seq2, p)[0] < matched
+
+
+def test_a_sequence_hashes_its_stream_once() -> None:
+    bm = BlockManager(16, BS)
+    prompt = toks(1, 10)
+    seq, _ = fill(bm, prompt)
+    assert seq.known == sequence_hashes(prompt, BS)
+    assert bm.append(seq, [11, 12, 13])
+    stream = [*prompt, 11, 12, 13]
+    assert seq.known == sequence_hashes(stream, BS) == seq.hashes
+    known = seq.known
+    bm.free(seq)  # preempted: the hashes stay with the sequence
+    assert seq.known is known and seq.hashes == []
+    assert bm.acquire_prefix(seq, stream) == 12
+    assert bm.append(seq, stream[12:])
+    assert seq.hashes == sequence_hashes(stream, BS) and seq.known is known
+    seeded = KvSequence(known=sequence_hashes(stream, BS))  # hashes a caller already had
+    assert bm.acquire_prefix(seeded, stream) == 12

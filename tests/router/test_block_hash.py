@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import random
 import struct
 
+import pytest
 import xxhash
 
-from services.common.block_hash import SEED, chain, local_block_hashes, seed_for, sequence_hashes
+from services.common.block_hash import (
+    SEED,
+    PrefixHashCache,
+    chain,
+    extend_hashes,
+    local_block_hashes,
+    seed_for,
+    sequence_hashes,
+)
 
 TOKENS = list(range(64))
 # dynamo._core.compute_block_hash_for_seq(list(range(64)), 16)
@@ -40,3 +50,40 @@ def test_salt_changes_every_block_but_chains_with_the_standard_seed() -> None:
 def test_partial_blocks_are_not_hashed() -> None:
     assert sequence_hashes(TOKENS[:63], 16) == DYNAMO_SEQUENCE[:3]
     assert sequence_hashes(TOKENS[:15], 16) == []
+
+
+def test_extend_hashes_hashes_a_growing_stream_once_and_equals_sequence_hashes() -> None:
+    tokens = list(range(1000, 1000 + 200))
+    for salt in ("", "my-lora"):
+        seed = seed_for(salt)
+        grown: list[int] = []
+        for cut in (0, 15, 16, 47, 120, 200):
+            assert extend_hashes(grown, tokens[:cut], 16, seed) is grown
+            assert grown == sequence_hashes(tokens[:cut], 16, salt)
+        assert extend_hashes([], tokens, 16, seed, limit=3) == sequence_hashes(tokens, 16, salt)[:3]
+
+
+def test_token_ids_outside_u32_are_refused() -> None:
+    for bad in (-1, 1 << 32):
+        with pytest.raises(struct.error):
+            sequence_hashes([bad] * 16, 16)
+
+
+def test_prefix_hash_cache_equals_sequence_hashes_and_reuses_the_common_prefix() -> None:
+    rng = random.Random(7)
+    cache = PrefixHashCache(16, max_tokens=20_000)
+    turn = [rng.randrange(50_000) for _ in range(3000)]
+    assert cache.hashes(turn) == sequence_hashes(turn, 16)
+    assert cache.reused_blocks == 0
+    nxt = [*turn, *(rng.randrange(50_000) for _ in range(500))]  # the next turn continues the last one
+    assert cache.hashes(nxt) == sequence_hashes(nxt, 16)
+    assert cache.reused_blocks == len(turn) // 16
+    forked = [*nxt[:1000], *(rng.randrange(50_000) for _ in range(900))]  # shares 62 full blocks and a bit
+    before = cache.reused_blocks
+    assert cache.hashes(forked) == sequence_hashes(forked, 16)
+    assert cache.reused_blocks - before == 1000 // 16
+    assert cache.hashes(nxt, "tenant") == sequence_hashes(nxt, 16, "tenant")  # a salt never reuses unsalted
+    assert cache.hashes(nxt[:15]) == []
+    for _ in range(20):  # bounded: least recently used prompts go
+        cache.hashes([rng.randrange(50_000) for _ in range(3000)])
+    assert sum(len(e[1]) // 4 for e in cache._entries.values()) <= 20_000
