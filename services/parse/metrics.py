@@ -8,7 +8,7 @@ from services.common.metrics import LATENCY_BUCKETS
 
 
 class ParseMetrics:
-    """Streams, render time, tool dispatches and prefix breaks, in one registry."""
+    """Streams, render time, prompt builds, tool dispatches and prefix breaks, in one registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -19,6 +19,12 @@ class ParseMetrics:
         self.render = Histogram("harnessmesh_parse_render_seconds", "Chat template rendering + tokenization.",
                                 buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("harnessmesh_parse_prompt_tokens", "Tokens of rendered prompts.", registry=r)
+        self.prompt_builds = Counter(
+            "harnessmesh_parse_prompt_builds",
+            "Prompt tokenizations: build incremental (reason extends, rewritten) or full (reason anonymous, "
+            "new_key, rewritten, disabled); see services/parse/prompt_cache.py.", ("build", "reason"), registry=r)
+        self.prompt_reused_tokens = Counter("harnessmesh_parse_prompt_reused_tokens",
+                                            "Prompt token ids reused from the session's previous turn.", registry=r)
         self.tool_dispatches = Counter("harnessmesh_parse_tool_dispatches",
                                        "Tool calls dispatched while decoding.", registry=r)
         self.prefix_breaks = Counter("harnessmesh_parse_prefix_breaks",

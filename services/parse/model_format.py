@@ -19,18 +19,23 @@ from services.parse.parsers.registry import (
     tool_parser_factory,
 )
 from services.parse.parsers.tool_core import ParserContext, new_tool_call_id
+from services.parse.prompt_cache import Build, PromptCache, Reason, boundary_tokens
 from services.parse.renderer import ChatTemplateRenderer, Clock
 from services.parse.replay import ReplayPolicy
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """A rendered and tokenized conversation."""
+    """A rendered and tokenized conversation. ``token_ids`` may be shared with the session's prompt cache:
+    never mutate it."""
 
     text: str
     token_ids: list[int]
     match_text: str
     schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    build: Build = "full"  # how the ids were obtained (see prompt_cache.py)
+    build_reason: Reason = "anonymous"
+    reused_tokens: int = 0  # ids reused from the session's previous turn
 
 
 class ModelFormat:
@@ -38,6 +43,8 @@ class ModelFormat:
 
     Unknown parser names raise ``UnknownParserError`` here, at construction. ``reasoning_replay`` is
     the replay policy (see ``replay.py``); with a reasoning parser, history reasoning is kept by default.
+    ``prompt_cache`` tokenizes each session's prompt incrementally (default: one over the model's
+    encoder and boundary tokens, see ``prompt_cache.py``).
     """
 
     def __init__(
@@ -52,6 +59,7 @@ class ModelFormat:
         reasoning_replay: str = "auto",
         now: Clock | None = None,
         new_call_id: Callable[[], str] = new_tool_call_id,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.served_model_name = served_model_name or model_dir.name
@@ -74,6 +82,9 @@ class ModelFormat:
             model_dir.chat_template, reasoning_replay,
             markers=replay_markers(reasoning_parser), keep_history=bool(reasoning_parser),
         )
+        encoder = model_dir.encoder
+        self.prompt_cache = prompt_cache or PromptCache(
+            encoder.encode, boundary_tokens(model_dir.tokenizer, encoder.encode))
 
     def render(self, conversation: Conversation) -> str:
         strip = conversation.strip_billing_header
@@ -82,14 +93,22 @@ class ModelFormat:
             arguments_as_text=self.renderer.arguments_as_text, replay=self.replay,
         ))
 
-    def build_prompt(self, conversation: Conversation) -> Prompt:
-        """Render and tokenize like ``apply_chat_template(tokenize=True)``: no extra special tokens."""
+    def build_prompt(self, conversation: Conversation, *, session: str = "") -> Prompt:
+        """Render and tokenize like ``apply_chat_template(tokenize=True)``: no extra special tokens.
+
+        ``session`` (``prefix_watch.session_key``; empty: anonymous) lets the prompt cache reuse the
+        session's previous turn's ids up to where the new render diverges; the ids are the same either way.
+        """
         text = self.render(conversation)
-        return Prompt(text=text, token_ids=self.encode(text), match_text=match_text(conversation),
-                      schemas=_schemas(conversation))
+        encoded = self.prompt_cache.encode(session, text)
+        return Prompt(text=text, token_ids=encoded.token_ids, match_text=match_text(conversation),
+                      schemas=_schemas(conversation), build=encoded.build, build_reason=encoded.reason,
+                      reused_tokens=encoded.reused_tokens)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        return list(self.model_dir.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        if add_special_tokens:
+            return list(self.model_dir.tokenizer.encode(text, add_special_tokens=True).ids)
+        return self.model_dir.encoder.encode(text)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.model_dir.tokenizer.decode(token_ids, skip_special_tokens=False)

@@ -146,11 +146,16 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
             started = time.monotonic()
             conversation = convert.conversation_from_proto(request)
-            prompt = await asyncio.to_thread(self._format.build_prompt, conversation)
+            prompt = await asyncio.to_thread(self._format.build_prompt, conversation,
+                                             session=session_key(request.identity))
             span.set_attributes({"prompt.tokens": len(prompt.token_ids), "prompt.messages": len(request.messages),
-                                 "prompt.tools": len(request.tools)})
+                                 "prompt.tools": len(request.tools), "prompt.build": prompt.build,
+                                 "prompt.build_reason": prompt.build_reason,
+                                 "prompt.reused_tokens": prompt.reused_tokens})
             self.metrics.render.observe(time.monotonic() - started)
             self.metrics.prompt_tokens.inc(len(prompt.token_ids))
+            self.metrics.prompt_builds.labels(prompt.build, prompt.build_reason).inc()
+            self.metrics.prompt_reused_tokens.inc(prompt.reused_tokens)
             # The cap is clamped here, where the prompt is known (a prompt with no room left fails in this span).
             return prompt, self._format.fit_max_tokens(len(prompt.token_ids), request.sampling.max_tokens)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -12,9 +12,10 @@ import pytest
 from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
 from services.common.grpc_util import GrpcServer, open_channel
 from services.common.model_dir import load_model_dir
+from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.server import RunningParse, start
-from services.parse.service import router_request
+from services.parse.service import ParseService, router_request
 from services.parse.settings import ParseSettings
 
 DEMO = load_model_dir(None)
@@ -237,3 +238,28 @@ async def test_client_cancel_cancels_the_router_call(mesh: tuple[FakeRouter, Any
     assert first.events[0].HasField("started")
     call.cancel()
     await asyncio.wait_for(cancelled.wait(), 5)
+
+
+async def test_session_turns_build_incrementally_and_are_counted() -> None:
+    """A session's second turn reuses the first's ids (same ids as a full build); the metric counts each build
+    by kind and reason, and an anonymous request is never cached."""
+    fmt = ModelFormat(DEMO, reasoning_parser="qwen3", tool_parser="hermes")
+    service = ParseService(fmt, cast(Any, None), metrics=ParseMetrics())
+    first = chat_request()
+    second = chat_request()
+    second.messages.extend([
+        chat_pb2.Message(role="assistant", parts=[chat_pb2.Part(text="Checking.")]),
+        chat_pb2.Message(role="user", parts=[chat_pb2.Part(text="And in Rome?")]),
+    ])
+    anonymous = chat_request()
+    anonymous.identity.anonymous = True
+    prompts = [(await service._prompt(r, {}))[0] for r in (first, second, anonymous)]
+    assert [(p.build, p.build_reason) for p in prompts] == [
+        ("full", "new_key"), ("incremental", "extends"), ("full", "anonymous")]
+    assert prompts[1].token_ids == DEMO.tokenizer.encode(prompts[1].text, add_special_tokens=False).ids
+    assert 0 < prompts[1].reused_tokens < len(prompts[1].token_ids)
+    registry = service.metrics.registry
+    for build, reason in (("full", "new_key"), ("incremental", "extends"), ("full", "anonymous")):
+        labels = {"build": build, "reason": reason}
+        assert registry.get_sample_value("harnessmesh_parse_prompt_builds_total", labels) == 1
+    assert registry.get_sample_value("harnessmesh_parse_prompt_reused_tokens_total") == prompts[1].reused_tokens
