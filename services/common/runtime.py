@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ def run_service(service: str, settings: Any, serve: Callable[[Any, asyncio.Event
             loop.add_signal_handler(sig, stop.set)
         await serve(settings, stop)
 
+    _tune_gc()
     try:
         import uvloop
 
@@ -46,3 +48,16 @@ def run_service(service: str, settings: Any, serve: Callable[[Any, asyncio.Event
         message = exc.message if isinstance(exc, MeshError) else f"{type(exc).__name__}: {exc}"
         structlog.get_logger().error(f"{service}.start_failed", error=message)
         sys.exit(1)
+
+
+# Young-generation collections every 20k net allocations instead of 700: a streaming request allocates
+# thousands of short-lived containers, and each older-generation pass walks every long-lived object
+# (the router's KV index, the parse service's tokenizer), which cost the router ~6% of its CPU.
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def _tune_gc() -> None:
+    """Move what start-up imported out of the collector's sight and collect less often (see GC_THRESHOLDS)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)

@@ -84,7 +84,10 @@ def worker_request(request: worker_pb2.GenerateRequest, attempt: AttemptRequest)
 
 
 def frame(response: worker_pb2.GenerateResponse) -> Frame:
-    """A worker's frame as a domain value."""
+    """A worker's frame as a domain value; a plain token frame keeps the message for :func:`generate_response`."""
+    if not (response.finish_reason or response.HasField("prompt") or response.HasField("usage")
+            or response.HasField("error") or response.stop_string):
+        return Frame(token_ids=tuple(response.token_ids), wire=response)
     prompt = response.prompt if response.HasField("prompt") else None
     usage = response.usage if response.HasField("usage") else None
     return Frame(
@@ -99,7 +102,9 @@ def frame(response: worker_pb2.GenerateResponse) -> Frame:
 
 
 def generate_response(frame: Frame) -> worker_pb2.GenerateResponse:
-    """A frame for the router's client."""
+    """A frame for the router's client (a worker's plain token frame passed on as it came)."""
+    if isinstance(frame.wire, worker_pb2.GenerateResponse):
+        return frame.wire
     out = worker_pb2.GenerateResponse(
         token_ids=frame.token_ids, finish_reason=_finish_number(frame.finish_reason), stop_string=frame.stop_string)
     if frame.prompt is not None:

@@ -10,7 +10,7 @@ No protobuf here: ``convert.py`` turns ``GenerateRequest`` / ``GenerateResponse`
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.errors import MeshError
 
@@ -67,6 +67,9 @@ class Frame:
     usage: Usage | None = None           # last frame only
     error: MeshError | None = None       # in-band error; the stream ends after it
     stop_string: str = ""
+    # A plain token frame as the worker sent it (opaque here): the adapter passes it on as it came
+    # instead of building the same message again. None once the router changed anything.
+    wire: object = field(default=None, compare=False, repr=False)
 
     @property
     def final(self) -> bool:
@@ -119,7 +122,7 @@ class StreamProgress:
                 out = dataclasses.replace(out, prompt=dataclasses.replace(
                     frame.prompt, prompt_tokens=self.prompt_len, worker_id=frame.prompt.worker_id or worker_id))
         if self.prefill_only:
-            out = dataclasses.replace(out, token_ids=())
+            out = dataclasses.replace(out, token_ids=(), wire=None)
         else:
             self.generated.extend(frame.token_ids)
         if frame.usage is not None:
