@@ -31,6 +31,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.api import chat_pb2, chat_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common import token_bytes
 from tests.support.mesh import running_mesh
 
 Sample = tuple[float, float]  # (ttft seconds, mean inter-token seconds)
@@ -53,7 +54,7 @@ def timing(t0: float, stamps: list[tuple[float, int]]) -> Sample:
 
 async def direct_one(stub: worker_pb2_grpc.WorkerStub, http: httpx.AsyncClient, max_tokens: int) -> Sample:
     tokens = (await http.post("/tokenize", json={"model": "demo", "messages": messages()})).json()["tokens"]
-    request = worker_pb2.GenerateRequest(request_id=uuid.uuid4().hex, token_ids=tokens,
+    request = worker_pb2.GenerateRequest(request_id=uuid.uuid4().hex, token_ids_u32=token_bytes.pack(tokens),
                                          sampling={"max_tokens": max_tokens, "ignore_eos": True})
     t0 = time.perf_counter()
     stamps = [(time.perf_counter(), len(frame.token_ids)) async for frame in stub.Generate(request)

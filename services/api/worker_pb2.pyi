@@ -26,7 +26,7 @@ class GenerateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
-    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_U32_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     IDENTITY_FIELD_NUMBER: _builtins.int
     HINTS_FIELD_NUMBER: _builtins.int
@@ -37,6 +37,11 @@ class GenerateRequest(_message.Message):
     PREFILL_ONLY_FIELD_NUMBER: _builtins.int
     TARGET_WORKER_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
+    token_ids_u32: _builtins.bytes
+    """The prompt's token ids as little-endian uint32, 4 bytes each (services/common/token_bytes.py packs
+    and unpacks them): a 100k-token prompt crosses each hop as one 400 KB copy, and the router hashes
+    its blocks straight from these bytes.
+    """
     model: _builtins.str
     match_text: _builtins.str
     """Text of the conversation's last user or tool message. Simulated engines use it to pick a
@@ -51,8 +56,6 @@ class GenerateRequest(_message.Message):
     target_worker_id: _builtins.str
     """Run on this worker if it is live (speculative prefill targets the worker of the previous turn)."""
     @_builtins.property
-    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-    @_builtins.property
     def sampling(self) -> _common_pb2.SamplingParams: ...
     @_builtins.property
     def identity(self) -> _common_pb2.Identity: ...
@@ -66,7 +69,7 @@ class GenerateRequest(_message.Message):
         self,
         *,
         request_id: _builtins.str = ...,
-        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        token_ids_u32: _builtins.bytes = ...,
         sampling: _common_pb2.SamplingParams | None = ...,
         identity: _common_pb2.Identity | None = ...,
         hints: _common_pb2.AgentHints | None = ...,
@@ -79,7 +82,7 @@ class GenerateRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints", "identity", b"identity", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "hints", b"hints", "identity", b"identity", "match_text", b"match_text", "model", b"model", "prefill_only", b"prefill_only", "request_id", b"request_id", "sampling", b"sampling", "stop_token_ids", b"stop_token_ids", "target_worker_id", b"target_worker_id", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "hints", b"hints", "identity", b"identity", "match_text", b"match_text", "model", b"model", "prefill_only", b"prefill_only", "request_id", b"request_id", "sampling", b"sampling", "stop_token_ids", b"stop_token_ids", "target_worker_id", b"target_worker_id", "token_ids_u32", b"token_ids_u32"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

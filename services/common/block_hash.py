@@ -128,13 +128,18 @@ class PrefixHashCache:
         self._next = 0
         self.reused_blocks = self.hashed_blocks = 0
 
-    def hashes(self, token_ids: Sequence[int], salt: str = "") -> list[int]:
-        """``sequence_hashes(token_ids, block_size, salt)``, reusing a cached prompt's common prefix."""
+    def hashes(self, token_ids: Sequence[int] | bytes, salt: str = "") -> list[int]:
+        """``sequence_hashes(token_ids, block_size, salt)``, reusing a cached prompt's common prefix.
+
+        ``token_ids`` may be the ids packed as little-endian u32 (``services.common.token_bytes``): hashed as
+        they are, with no conversion.
+        """
         bs = self.block_size
-        full = len(token_ids) // bs
+        packed = isinstance(token_ids, bytes)
+        full = (len(token_ids) // 4 if packed else len(token_ids)) // bs
         if not full:
             return []
-        data = _u32le(token_ids[: full * bs])
+        data = token_ids[: 4 * full * bs] if isinstance(token_ids, bytes) else _u32le(token_ids[: full * bs])
         width = 4 * bs
         best_key, best = -1, 0
         for key in list(reversed(self._entries))[: self.probes]:

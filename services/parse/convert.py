@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.api import chat_pb2, common_pb2, worker_pb2
+from services.common import token_bytes
 from services.parse.conversation import (
     ChatMessage,
     Conversation,
@@ -62,7 +63,7 @@ def generate_request(
 ) -> worker_pb2.GenerateRequest:
     out = worker_pb2.GenerateRequest(
         request_id=request_id,
-        token_ids=prompt.token_ids,
+        token_ids_u32=token_bytes.pack(prompt.token_ids),
         model=model,
         match_text=prompt.match_text,
         stop_token_ids=stop_token_ids,

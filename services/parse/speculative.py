@@ -17,6 +17,7 @@ from dataclasses import replace
 import structlog
 
 from services.api import chat_pb2, router_pb2_grpc, worker_pb2
+from services.common import token_bytes
 from services.parse import convert
 from services.parse.conversation import ChatMessage, Part, ReasoningPart, TextPart, ToolCallPart
 from services.parse.model_format import ModelFormat
@@ -90,7 +91,7 @@ class SpeculativePrefiller:
             async for _frame in self._router.Generate(msg):
                 pass
             log.info("parse.speculative_prefill_done", request_id=request_id, worker_id=worker_id,
-                     prompt_tokens=len(msg.token_ids))
+                     prompt_tokens=token_bytes.count(msg.token_ids_u32))
         except Exception as exc:
             log.warning("parse.speculative_prefill_failed", request_id=request_id, error=str(exc))
 

@@ -19,6 +19,7 @@ import uuid
 import grpc
 
 from services.api import common_pb2, router_pb2_grpc, worker_pb2
+from services.common import token_bytes
 from services.replay.metrics import ReplayResult, RequestRecord, summarise
 from services.replay.trace import TraceRequest
 
@@ -34,7 +35,7 @@ async def replay_live(trace: list[TraceRequest], router_address: str, speedup: f
     # built before the clock starts: a 100k-token message takes milliseconds to build
     messages = [
         worker_pb2.GenerateRequest(
-            request_id=f"replay-{run}-{i}", token_ids=req.tokens(),
+            request_id=f"replay-{run}-{i}", token_ids_u32=token_bytes.pack(req.tokens()),
             sampling=common_pb2.SamplingParams(max_tokens=max(req.output_length, 1), ignore_eos=True))
         for i, req in enumerate(trace)]
     async with grpc.aio.insecure_channel(router_address) as channel:
@@ -47,7 +48,7 @@ async def replay_live(trace: list[TraceRequest], router_address: str, speedup: f
 
         async def one(i: int) -> None:
             msg = messages[i]
-            record = RequestRecord(f"r{i}", now_ms(), len(msg.token_ids), msg.sampling.max_tokens, "")
+            record = RequestRecord(f"r{i}", now_ms(), token_bytes.count(msg.token_ids_u32), msg.sampling.max_tokens, "")
             records.append(record)
             try:
                 async for frame in stub.Generate(msg):

@@ -56,7 +56,7 @@ def worker_info(ep: WorkerEndpoint) -> worker_pb2.WorkerInfo:
 def proxy_request(request: worker_pb2.GenerateRequest) -> ProxyRequest:
     return ProxyRequest(
         request_id=request.request_id,
-        token_ids=tuple(request.token_ids),
+        tokens=request.token_ids_u32,
         max_tokens=request.sampling.max_tokens,
         osl=request.hints.osl,
         priority=request.hints.priority,
@@ -70,9 +70,8 @@ def worker_request(request: worker_pb2.GenerateRequest, attempt: AttemptRequest)
     """The client's request as one attempt runs it (fields the router does not read travel unchanged)."""
     out = worker_pb2.GenerateRequest()
     out.CopyFrom(request)
-    if len(attempt.token_ids) != len(out.token_ids):  # a migration: the prompt plus the tokens so far
-        del out.token_ids[:]
-        out.token_ids.extend(attempt.token_ids)
+    if len(attempt.tokens) != len(out.token_ids_u32):  # a migration: the prompt plus the tokens so far
+        out.token_ids_u32 = attempt.tokens
     # Assigned only when changed: an unset sub-message stays unset.
     if attempt.max_tokens != out.sampling.max_tokens:
         out.sampling.max_tokens = attempt.max_tokens

@@ -137,7 +137,7 @@ class Proxy:
         try:
             while True:
                 placement = self.router.place(
-                    [*request.token_ids, *progress.generated], request.cache_salt, frozenset(tried),
+                    progress.tokens_so_far(), request.cache_salt, frozenset(tried),
                     osl=request.osl, prefer="" if tried else request.target_worker_id)
                 endpoint = self.router.registry.get(placement.candidates[0].worker_id) \
                     if placement.candidates else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from services.common import token_bytes
 from services.common.block_hash import PrefixHashCache
 from services.router.index import KvEvent, KvIndex
 from services.router.policy import Candidate, PlacementPolicy, blocks_for
@@ -98,7 +99,7 @@ class Router:
 
     def place(
         self,
-        token_ids: Sequence[int],
+        token_ids: Sequence[int] | bytes,
         cache_salt: str = "",
         exclude: frozenset[str] = frozenset(),
         *,
@@ -107,6 +108,8 @@ class Router:
         hashes: Mapping[int, Sequence[int]] | None = None,
     ) -> Placement:
         """Rank every live worker for a prompt; ``prefer`` (if live) goes first whatever its cost.
+
+        ``token_ids``: a list of ids, or the packed bytes a ``GenerateRequest`` carries (hashed as they are).
 
         ``hashes``: the prompt's sequence hashes (with ``cache_salt``) per block size, when the caller has
         them already (the simulator hands the same list to the worker's engine core); other block sizes
@@ -117,6 +120,7 @@ class Router:
             return Placement([], 0)
         overlaps: dict[str, int] = {}
         request_blocks = decode_blocks = 0
+        count = token_bytes.count(token_ids) if isinstance(token_ids, bytes) else len(token_ids)
         for block_size in sorted({ep.block_size for ep in endpoints}):
             group = [ep.worker_id for ep in endpoints if ep.block_size == block_size]
             if self.policy.mode == "kv" or prefer:
@@ -126,7 +130,7 @@ class Router:
                 overlaps.update(self.index.overlaps(known, group))
             else:
                 overlaps.update(dict.fromkeys(group, 0))
-            request_blocks = max(request_blocks, blocks_for(len(token_ids), block_size))
+            request_blocks = max(request_blocks, blocks_for(count, block_size))
             decode_blocks = max(decode_blocks, blocks_for(max(osl, 0), block_size))
         loads = {wid: self.registry.load(wid) for wid in overlaps}
         ranked = self.policy.rank(request_blocks, overlaps, loads, decode_blocks)

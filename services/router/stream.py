@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from services.common import token_bytes
 from services.common.errors import MeshError
 
 
@@ -20,7 +21,7 @@ class ProxyRequest:
     """What the router reads from a Generate request (the rest travels to the worker untouched)."""
 
     request_id: str
-    token_ids: tuple[int, ...]
+    tokens: bytes                   # the prompt's token ids, packed (``services.common.token_bytes``)
     max_tokens: int = 0             # 0: the worker's default
     osl: int = 0                    # expected output length (agent hint; 0: unknown)
     priority: int = 0               # admission order while every worker is saturated
@@ -37,7 +38,7 @@ class AttemptRequest:
     one token).
     """
 
-    token_ids: tuple[int, ...]
+    tokens: bytes                   # packed token ids (``services.common.token_bytes``)
     max_tokens: int
     osl: int
 
@@ -82,7 +83,7 @@ class StreamProgress:
 
     def __init__(self, request: ProxyRequest) -> None:
         self.request = request
-        self.prompt_len = len(request.token_ids)
+        self.prompt_len = token_bytes.count(request.tokens)
         self.generated: list[int] = []
         self.sent_any = False
         self._prompt_sent = False
@@ -96,19 +97,24 @@ class StreamProgress:
         limit = self.request.max_tokens
         return None if limit <= 0 else max(limit - len(self.generated), 0)
 
+    def tokens_so_far(self) -> bytes:
+        """The prompt plus every token generated so far, packed: what the next attempt prefills."""
+        if not self.generated:
+            return self.request.tokens
+        return self.request.tokens + token_bytes.pack(self.generated)
+
     def next_attempt(self) -> AttemptRequest:
         """The request for the next attempt: prompt plus everything generated so far."""
         self._attempt_base = len(self.generated)
         request = self.request
-        token_ids, max_tokens, osl = request.token_ids, request.max_tokens, request.osl
+        tokens, max_tokens, osl = self.tokens_so_far(), request.max_tokens, request.osl
         if self.generated:
-            token_ids = (*token_ids, *self.generated)
             max_tokens = self.remaining or 0
             if osl:
                 osl = max(osl - len(self.generated), 0)
         if self.prefill_only:
             max_tokens = 1
-        return AttemptRequest(token_ids, max_tokens, osl)
+        return AttemptRequest(tokens, max_tokens, osl)
 
     def absorb(self, frame: Frame, worker_id: str) -> Frame | None:
         """The frame to pass on to the client for one worker frame (None: nothing to say)."""

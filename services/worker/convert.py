@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.api import common_pb2, kv_pb2, worker_pb2
+from services.common import token_bytes
 from services.worker.engine import (
     EngineInfo,
     EngineOutput,
@@ -28,7 +29,7 @@ def request_from_proto(msg: worker_pb2.GenerateRequest) -> EngineRequest:
     s = msg.sampling
     return EngineRequest(
         request_id=msg.request_id,
-        token_ids=tuple(msg.token_ids),
+        token_ids=token_bytes.unpack(msg.token_ids_u32),
         max_tokens=s.max_tokens,
         stop=tuple(s.stop),
         stop_token_ids=tuple(msg.stop_token_ids),

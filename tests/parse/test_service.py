@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
+from services.common import token_bytes
 from services.common.grpc_util import GrpcServer, open_channel
 from services.common.model_dir import load_model_dir
 from services.parse.metrics import ParseMetrics
@@ -57,10 +58,10 @@ def scripted(text: str, batch: int = 4, error_after: int | None = None, abort_af
             frame = worker_pb2.GenerateResponse(token_ids=chunk)
             if n == 0:
                 frame.prompt.CopyFrom(worker_pb2.PromptInfo(
-                    prompt_tokens=len(request.token_ids), cached_tokens=3, worker_id="w1"))
+                    prompt_tokens=token_bytes.count(request.token_ids_u32), cached_tokens=3, worker_id="w1"))
             if n == len(frames) - 1:
                 frame.finish_reason = common_pb2.FINISH_REASON_STOP
-                frame.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(request.token_ids),
+                frame.usage.CopyFrom(common_pb2.Usage(prompt_tokens=token_bytes.count(request.token_ids_u32),
                                                       completion_tokens=len(ids), cached_tokens=3))
             yield frame
 
@@ -122,7 +123,7 @@ async def test_chat_event_order_and_request(mesh: tuple[FakeRouter, Any, Running
     events = [e for b in batches for e in b.events]
     started = events[0].started
     assert (started.model, started.worker_id, started.cached_tokens) == ("demo_model", "w1", 3)
-    assert started.request_id and started.prompt_tokens == len(router.requests[0].token_ids)
+    assert started.request_id and started.prompt_tokens == token_bytes.count(router.requests[0].token_ids_u32)
     reasoning = "".join(e.reasoning_delta.text for e in events if e.HasField("reasoning_delta"))
     assert reasoning == "Need the weather."
     dispatch = next(e.tool_call_dispatch for e in events if e.HasField("tool_call_dispatch"))
@@ -138,7 +139,7 @@ async def test_chat_event_order_and_request(mesh: tuple[FakeRouter, Any, Running
     assert list(sent.stop_token_ids) == list(DEMO.eos_token_ids)
     assert sent.match_text == "Weather in Paris?"
     assert sent.identity.session_id == "s1" and sent.sampling.max_tokens == 100 and sent.model == "demo_model"
-    rendered = parse.model_format.decode(list(sent.token_ids))
+    rendered = parse.model_format.decode(token_bytes.unpack(sent.token_ids_u32))
     assert "billing" not in rendered and rendered.endswith("<|im_start|>assistant\n")
 
 
@@ -190,14 +191,15 @@ async def test_max_tokens_beyond_the_context_is_clamped(mesh: tuple[FakeRouter, 
     router, stub, _ = mesh
     await collect(stub, chat_request(sampling=common_pb2.SamplingParams(max_tokens=5000)))
     sent = router.requests[-1]
-    assert sent.sampling.max_tokens == 4096 - len(sent.token_ids)
+    assert sent.sampling.max_tokens == 4096 - token_bytes.count(sent.token_ids_u32)
 
 
 def test_router_request_fits_max_tokens_without_touching_the_client_request() -> None:
     client = chat_request(sampling=common_pb2.SamplingParams(max_tokens=5000, temperature=0.5))
     sent = router_request(client, Prompt("hi", [1, 2, 3], "hi"), 4093, request_id="r1", model="m",
                           stop_token_ids=(9,))
-    assert (sent.sampling.max_tokens, sent.sampling.temperature, list(sent.token_ids)) == (4093, 0.5, [1, 2, 3])
+    assert (sent.sampling.max_tokens, sent.sampling.temperature) == (4093, 0.5)
+    assert token_bytes.unpack(sent.token_ids_u32) == [1, 2, 3]
     assert client.sampling.max_tokens == 5000
 
 
@@ -205,7 +207,7 @@ async def test_tokenize_detokenize_get_model(mesh: tuple[FakeRouter, Any, Runnin
     router, stub, _parse = mesh
     await collect(stub, chat_request())
     reply = await stub.Tokenize(parse_pb2.TokenizeRequest(chat=chat_request()))
-    assert list(reply.token_ids) == list(router.requests[0].token_ids)  # exactly what Chat sends the worker
+    assert list(reply.token_ids) == token_bytes.unpack(router.requests[0].token_ids_u32)  # what Chat sends the worker
     assert list(reply.token_ids) == DEMO.tokenizer.encode(reply.rendered, add_special_tokens=False).ids
     assert reply.max_model_len == 4096
     raw = await stub.Tokenize(parse_pb2.TokenizeRequest(prompt="hello world"))

@@ -62,6 +62,7 @@ def test_replay_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_synthetic_tokens_are_uint32_and_padding_never_collides() -> None:
     from services.api import worker_pb2
+    from services.common import token_bytes
 
     short = TraceRequest(0, 1200, 1, (0, 1))  # hash ids cover 1024 tokens: 176 tokens of tail
     tokens = short.tokens()
@@ -71,7 +72,8 @@ def test_synthetic_tokens_are_uint32_and_padding_never_collides() -> None:
     assert tokens == short.tokens()  # deterministic: the simulator and the live replay agree
     assert set(TraceRequest(0, 1200, 1, (0, 2)).tokens()[1024:]).isdisjoint(tail)
     # what the live replay sends is exactly what the simulator hashes
-    assert list(worker_pb2.GenerateRequest(token_ids=tokens).token_ids) == tokens
+    sent = worker_pb2.GenerateRequest(token_ids_u32=token_bytes.pack(tokens))
+    assert token_bytes.unpack(sent.token_ids_u32) == tokens
     with pytest.raises(ValueError, match="out of range"):
         TraceRequest(0, 10, 1, (1 << 22,)).tokens()
 

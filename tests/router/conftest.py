@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from services.api import common_pb2, router_pb2_grpc, worker_pb2
+from services.common import token_bytes
 from services.router.server import RunningRouter, start_router
 from services.router.settings import RouterSettings
 from services.worker.server import RunningWorker, start_worker
@@ -82,7 +83,8 @@ async def mesh(nats_url: str) -> AsyncIterator[Mesh]:
 
 def request(tokens: list[int], max_tokens: int = 2, priority: int = 0, **kw: Any) -> worker_pb2.GenerateRequest:
     return worker_pb2.GenerateRequest(
-        token_ids=tokens, sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        token_ids_u32=token_bytes.pack(tokens),
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         hints=common_pb2.AgentHints(priority=priority), **kw)
 
 

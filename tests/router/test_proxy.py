@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from services.common import token_bytes
 from services.common.errors import InvalidRequestError, MeshError, UnavailableError
 from services.router.index import KvIndex
 from services.router.policy import PlacementPolicy
@@ -18,6 +19,10 @@ from services.router.router import Router
 from services.router.stream import AttemptRequest, Frame, PromptInfo, ProxyRequest, Usage
 
 PROMPT = (1, 2, 3, 4)
+
+
+def attempt(tokens: tuple[int, ...], max_tokens: int) -> AttemptRequest:
+    return AttemptRequest(token_bytes.pack(tokens), max_tokens, 0)
 
 
 class Hang:
@@ -102,7 +107,7 @@ async def run(proxy: Proxy, workers: FakeWorkers, max_tokens: int = 5, *, on_fir
               ) -> tuple[list[Frame], MeshError | None]:
     out: list[Frame] = []
     try:
-        async for frame in proxy.run(ProxyRequest("r1", PROMPT, max_tokens=max_tokens), workers):
+        async for frame in proxy.run(ProxyRequest("r1", token_bytes.pack(PROMPT), max_tokens=max_tokens), workers):
             out.append(frame)
             if len(out) == 1 and callable(on_first):
                 on_first()
@@ -125,7 +130,7 @@ async def test_a_worker_failing_before_its_first_frame_is_replaced() -> None:
                            "b": [[tokens(7, 8, worker="b"), last(9, 10, 11, completion=5)]]})
     frames, err = await run(proxy, workers)
     assert err is None
-    assert workers.opened == [("a", AttemptRequest(PROMPT, 5, 0)), ("b", AttemptRequest(PROMPT, 5, 0))]
+    assert workers.opened == [("a", attempt(PROMPT, 5)), ("b", attempt(PROMPT, 5))]
     assert sent_tokens(frames) == [7, 8, 9, 10, 11]
     assert frames[0].prompt == PromptInfo(4, 0, "b")
     assert frames[-1].usage == Usage(prompt_tokens=4, completion_tokens=5) and frames[-1].finish_reason == "length"
@@ -156,7 +161,7 @@ async def test_mid_stream_failure_migrates_with_the_tokens_so_far() -> None:
     })
     frames, err = await run(proxy, workers)
     assert err is None
-    assert workers.opened == [("a", AttemptRequest(PROMPT, 5, 0)), ("b", AttemptRequest((*PROMPT, 7, 8), 3, 0))]
+    assert workers.opened == [("a", attempt(PROMPT, 5)), ("b", attempt((*PROMPT, 7, 8), 3))]
     assert [f.token_ids for f in frames] == [(7,), (8,), (9,), (10,)]
     assert [f.prompt for f in frames] == [PromptInfo(4, 0, "a"), None, None, None]  # the first worker's only
     assert frames[-1].usage == Usage(prompt_tokens=4, completion_tokens=4)
@@ -216,7 +221,7 @@ async def test_a_stalled_worker_is_forgotten_and_its_request_migrates() -> None:
     frames, err = await run(proxy, workers)
     assert err is None
     assert proxy.router.registry.get("a") is None and proxy.router.registry.get("b") is not None
-    assert workers.opened == [("a", AttemptRequest(PROMPT, 5, 0)), ("b", AttemptRequest((*PROMPT, 7), 4, 0))]
+    assert workers.opened == [("a", attempt(PROMPT, 5)), ("b", attempt((*PROMPT, 7), 4))]
     assert sent_tokens(frames) == [7, 8, 9] and frames[-1].usage == Usage(prompt_tokens=4, completion_tokens=3)
 
 

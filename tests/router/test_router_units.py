@@ -7,6 +7,7 @@ import random
 from collections.abc import Sequence
 
 from services.api import common_pb2, worker_pb2
+from services.common import token_bytes
 from services.common.block_hash import sequence_hashes
 from services.router import convert
 from services.router.admission import AdmissionQueue
@@ -138,13 +139,15 @@ def absorb(progress: StreamProgress, response: worker_pb2.GenerateResponse,
 
 
 def test_stream_progress_stitches_a_migration() -> None:
-    req = worker_pb2.GenerateRequest(token_ids=[1, 2, 3], sampling=common_pb2.SamplingParams(max_tokens=5),
+    req = worker_pb2.GenerateRequest(token_ids_u32=token_bytes.pack([1, 2, 3]),
+                                     sampling=common_pb2.SamplingParams(max_tokens=5),
                                      hints=common_pb2.AgentHints(osl=5))
     progress = StreamProgress(convert.proxy_request(req))
     first = absorb(progress, frame([7, 8], prompt=worker_pb2.PromptInfo(prompt_tokens=3, cached_tokens=2)), "a")
     assert first is not None and first.prompt.worker_id == "a"
     retry = convert.worker_request(req, progress.next_attempt())
-    assert list(retry.token_ids) == [1, 2, 3, 7, 8] and retry.sampling.max_tokens == 3 and retry.hints.osl == 3
+    assert token_bytes.unpack(retry.token_ids_u32) == [1, 2, 3, 7, 8]
+    assert retry.sampling.max_tokens == 3 and retry.hints.osl == 3
     again = absorb(progress, frame([9], prompt=worker_pb2.PromptInfo(prompt_tokens=5, cached_tokens=4)), "b")
     assert again is not None and not again.HasField("prompt")
     last = absorb(progress, frame([10, 11], finish_reason=common_pb2.FINISH_REASON_LENGTH,
@@ -155,7 +158,7 @@ def test_stream_progress_stitches_a_migration() -> None:
 
 
 def test_prefill_only_streams_no_tokens() -> None:
-    req = worker_pb2.GenerateRequest(token_ids=[1, 2, 3], prefill_only=True, target_worker_id="a")
+    req = worker_pb2.GenerateRequest(token_ids_u32=token_bytes.pack([1, 2, 3]), prefill_only=True, target_worker_id="a")
     progress = StreamProgress(convert.proxy_request(req))
     sent = convert.worker_request(req, progress.next_attempt())
     assert sent.sampling.max_tokens == 1 and not sent.prefill_only and not sent.target_worker_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.api import chat_pb2, common_pb2
+from services.common import token_bytes
 from services.common.model_dir import load_model_dir
 from services.parse import convert
 from services.parse.model_format import ModelFormat
@@ -26,4 +27,5 @@ def test_predicted_prefix_is_a_prefix_of_the_next_turn() -> None:
     turn2 = chat_pb2.ChatRequest(messages=[message("user", "hello there"), message("assistant", "Hi! How can I help?"),
                                            message("user", "what's the weather?")])
     next_prompt = fmt.build_prompt(convert.conversation_from_proto(turn2)).token_ids
-    assert next_prompt[: len(spec.token_ids)] == list(spec.token_ids)
+    sent = token_bytes.unpack(spec.token_ids_u32)
+    assert next_prompt[: len(sent)] == sent

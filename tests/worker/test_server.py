@@ -14,7 +14,7 @@ import nats
 import pytest
 
 from services.api import common_pb2, kv_pb2, worker_pb2, worker_pb2_grpc
-from services.common import subjects
+from services.common import subjects, token_bytes
 from services.common.block_hash import sequence_hashes
 from services.common.grpc_util import open_channel
 from services.worker.registry import ENGINES
@@ -41,7 +41,7 @@ async def stub_for(w: RunningWorker) -> tuple[grpc.aio.Channel, worker_pb2_grpc.
 
 def gen_request(token_ids: list[int], **kw: object) -> worker_pb2.GenerateRequest:
     sampling = common_pb2.SamplingParams(max_tokens=kw.pop("max_tokens", 0))  # type: ignore[arg-type]
-    return worker_pb2.GenerateRequest(token_ids=token_ids, sampling=sampling, **kw)  # type: ignore[arg-type]
+    return worker_pb2.GenerateRequest(token_ids_u32=token_bytes.pack(token_ids), sampling=sampling, **kw)  # type: ignore[arg-type]
 
 
 async def test_generate_stream_and_kv_events(worker: RunningWorker, nats_url: str) -> None:

@@ -1,0 +1,47 @@
+"""Token ids as little-endian uint32 bytes: how a prompt crosses the gRPC hops (``GenerateRequest.token_ids_u32``).
+
+Packing a 100k-token list is one C call (~0.6 ms) and the bytes field is copied, not varint-coded, at each
+hop; the router hashes blocks from the bytes without making Python ints at all. The layout is the one
+``services.common.block_hash`` hashes (Dynamo's), so the same bytes serve both.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Sequence
+
+from services.common.errors import InvalidRequestError
+
+_SWAP = sys.byteorder != "little"
+
+
+def pack(token_ids: Sequence[int]) -> bytes:
+    """``token_ids`` as little-endian uint32 bytes; an id outside 0..2**32-1 is an invalid request."""
+    try:
+        data = array("I", token_ids)
+    except (OverflowError, TypeError) as exc:
+        raise InvalidRequestError(f"token ids must be integers in 0..2**32-1: {exc}", param="token_ids") from None
+    if data.itemsize != 4:  # pragma: no cover - no platform we run on has a 2- or 8-byte C unsigned int
+        return b"".join(int(t).to_bytes(4, "little") for t in token_ids)
+    if _SWAP:  # pragma: no cover - big-endian hosts
+        data.byteswap()
+    return data.tobytes()
+
+
+def unpack(data: bytes) -> list[int]:
+    """The token ids packed by :func:`pack`; a length that is not a multiple of 4 is an invalid request."""
+    if len(data) % 4:
+        raise InvalidRequestError(f"packed token ids have {len(data)} bytes, not a multiple of 4", param="token_ids")
+    ids = array("I")
+    if ids.itemsize != 4:  # pragma: no cover
+        return [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
+    ids.frombytes(data)
+    if _SWAP:  # pragma: no cover
+        ids.byteswap()
+    return ids.tolist()
+
+
+def count(data: bytes) -> int:
+    """How many token ids ``data`` holds."""
+    return len(data) // 4

@@ -1,0 +1,47 @@
+"""Packed token ids (``GenerateRequest.token_ids_u32``): exact round trip, bad input refused, hashed as they are."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.common import token_bytes
+from services.common.block_hash import PrefixHashCache, sequence_hashes
+from services.common.errors import InvalidRequestError
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=300))
+def test_pack_unpack_round_trip(ids: list[int]) -> None:
+    data = token_bytes.pack(ids)
+    assert len(data) == 4 * len(ids) and token_bytes.count(data) == len(ids)
+    assert token_bytes.unpack(data) == ids
+
+
+def test_little_endian_layout() -> None:
+    assert token_bytes.pack([1, 0x01020304]) == b"\x01\x00\x00\x00\x04\x03\x02\x01"
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**32], ["7"]])
+def test_ids_outside_u32_are_an_invalid_request(bad: list[object]) -> None:
+    with pytest.raises(InvalidRequestError):
+        token_bytes.pack(bad)  # type: ignore[arg-type]
+
+
+def test_a_torn_buffer_is_an_invalid_request() -> None:
+    with pytest.raises(InvalidRequestError, match="multiple of 4"):
+        token_bytes.unpack(b"\x01\x00\x00")
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_prefix_hash_cache_hashes_packed_ids_like_a_list(block_size: int) -> None:
+    rng = random.Random(block_size)
+    first = [rng.randrange(50_000) for _ in range(5_000)]
+    turn2 = [*first, *(rng.randrange(50_000) for _ in range(700))]
+    cache = PrefixHashCache(block_size)
+    for ids in (first, turn2, first[:1234]):
+        assert cache.hashes(token_bytes.pack(ids), "salt") == sequence_hashes(ids, block_size, "salt")
+        assert cache.hashes(ids, "salt") == sequence_hashes(ids, block_size, "salt")
+    assert cache.reused_blocks > 0
