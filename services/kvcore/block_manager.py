@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
@@ -142,13 +143,20 @@ class BlockManager:
         if seq.tokens or seq.partial is not None:
             raise ValueError("acquire_prefix needs an empty sequence")
         full = self._full
-        hashes: list[int] = []
-        for h in self._prefix_hashes(seq, token_ids):
-            block = full.get(h)
-            if block is None:
-                break
-            self._ref(block)
-            hashes.append(h)
+        prefix = self._prefix_hashes(seq, token_ids)
+        hits = list(map(full.__contains__, prefix))  # C-speed scans: a 100k-token prompt has thousands of blocks
+        matched = hits.index(False) if not all(hits) else len(hits)
+        hashes = prefix[:matched]
+        blocks = list(map(full.__getitem__, hashes))
+        # What _ref does block by block, in bulk: the unreferenced ones leave the LRU list, then every
+        # block gains a reference.
+        leaving = [h for h, block in zip(hashes, blocks, strict=True) if not block.ref_count]
+        if leaving:
+            deque(map(self._inactive.pop, leaving, repeat(None)), maxlen=0)
+            if self._watch and not self._watch.isdisjoint(leaving):
+                self._probe = None
+        for block in blocks:
+            block.ref_count += 1
         seq.hashes = hashes
         seq.tokens = list(token_ids[: len(hashes) * self.block_size])
         return len(seq.tokens)
@@ -244,12 +252,13 @@ class BlockManager:
 
     def free(self, seq: KvSequence) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order)."""
-        full, inactive = self._full, self._inactive
-        for h in reversed(seq.hashes):
-            block = full[h]
+        tail_first = seq.hashes[::-1]
+        blocks = list(map(self._full.__getitem__, tail_first))
+        for block in blocks:
             block.ref_count -= 1
-            if not block.ref_count:
-                inactive[h] = None
+        # unreferenced now: into the LRU list, tail first (a sequence's hashes are distinct, none is there yet)
+        self._inactive.update(dict.fromkeys([h for h, block in zip(tail_first, blocks, strict=True)
+                                             if not block.ref_count]))
         if seq.hashes:
             self._lru_epoch += 1
         if seq.partial is not None:
