@@ -8,11 +8,12 @@ scheduled (``scheduler.py``). The mocker engine and the replay simulator both us
 from __future__ import annotations
 
 import random
-import struct
 from collections.abc import Sequence
 
 import xxhash
 from tokenizers import Tokenizer
+
+from services.common import token_bytes
 
 
 class FillerVocabulary:
@@ -51,7 +52,7 @@ class FillerText:
 
 def filler_seed(token_ids: Sequence[int], seed: int, request_seed: int | None = None) -> int:
     """Seed for a request's filler: its prompt, the worker's seed and the request's own seed."""
-    data = struct.pack(f"<{len(token_ids)}I", *token_ids)
+    data = token_bytes.pack(token_ids)  # the same little-endian u32 bytes, in one C call
     return xxhash.xxh3_64_intdigest(data, seed=(seed + (request_seed or 0)) & 0xFFFFFFFFFFFFFFFF)
 
 
