@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.common.model_dir import ModelDir, TokenizersEncoder, load_model_dir
+from services.common.model_dir import Encoder, ModelDir, load_model_dir
 from services.parse.conversation import ChatMessage, Conversation, ReasoningPart, TextPart, ToolCallPart, ToolSpec
 from services.parse.model_format import ModelFormat
 from services.parse.prompt_cache import PromptCache, boundary_tokens
@@ -84,7 +84,7 @@ def median_ms(fn: Callable[[], object], repeats: int, setup: Callable[[], object
 
 def row(model: ModelDir, target: int, repeats: int) -> str:
     """One table row: the next turn of a session of about ``target`` tokens, built every way."""
-    fast, slow = model.encoder, TokenizersEncoder(model.tokenizer)
+    fast, slow = model.encoder, Encoder(model.tokenizer)
     fmt = ModelFormat(model, reasoning_parser="qwen3", tool_parser="hermes")
     previous, turn = session(target, fmt)
     prev_text, text = fmt.render(previous), fmt.render(turn)

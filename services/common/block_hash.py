@@ -12,18 +12,16 @@ Dynamo does for ``lora_name`` (``1337 + XXH3-64(name, seed 0)``), so different a
 from __future__ import annotations
 
 import struct
-import sys
-from array import array
 from collections.abc import Sequence
 
 import xxhash
+
+from services.common import token_bytes
 
 SEED = 1337
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _pack_pair = struct.Struct("<QQ").pack
-# token ids as little-endian u32 in one C call (``array``), not one ``struct.pack`` per block: 3-4x faster
-_NATIVE_U32 = sys.byteorder == "little" and array("I").itemsize == 4
 
 
 def seed_for(salt: str = "") -> int:
@@ -45,12 +43,10 @@ def local_block_hashes(token_ids: Sequence[int], block_size: int, seed: int = SE
 
 def _u32le(token_ids: Sequence[int]) -> bytes:
     """``token_ids`` as little-endian u32 (a token id outside 0..2**32-1 raises, as ``struct.pack`` would)."""
-    if _NATIVE_U32:
-        try:
-            return array("I", token_ids).tobytes()
-        except OverflowError as exc:
-            raise struct.error(f"token id out of range for u32: {exc}") from None
-    return struct.pack(f"<{len(token_ids)}I", *token_ids)
+    try:
+        return token_bytes.le32(token_ids)
+    except OverflowError as exc:
+        raise struct.error(f"token id out of range for u32: {exc}") from None
 
 
 def chain(parent: int | None, local_hash: int, seed: int = SEED) -> int:

@@ -75,25 +75,13 @@ class PromptEncoder(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-class TokenizersEncoder:
-    """Prompt encoding with Hugging Face ``tokenizers`` (the reference; the fallback)."""
+class Encoder:
+    """Prompt encoding with a tokenizer of the ``tokenizers`` API: Hugging Face ``tokenizers`` (the reference,
+    the fallback) or ``fastokens`` (same ids: checked by ``load_prompt_encoder``); ``backend`` names which."""
 
-    backend = "tokenizers"
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Any, backend: str = "tokenizers") -> None:
         self._tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
-
-
-class FastokensEncoder:
-    """Prompt encoding with ``fastokens`` (same ids as ``tokenizers``: checked by ``load_prompt_encoder``)."""
-
-    backend = "fastokens"
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
+        self.backend = backend
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
@@ -115,14 +103,14 @@ def probe_texts(tokenizer: Tokenizer) -> list[str]:
 def load_prompt_encoder(tokenizer_json: str, reference: Tokenizer, *, source: str = "") -> PromptEncoder:
     """fastokens for ``tokenizer_json`` (the file's text) when it loads and matches ``reference`` (the same
     tokenizer loaded by ``tokenizers``) on every ``probe_texts``; else ``reference``. ``source`` names it in logs."""
-    fallback = TokenizersEncoder(reference)
+    fallback = Encoder(reference)
     try:
         import fastokens  # type: ignore[import-untyped]  # ships no py.typed
 
         fast = fastokens.Tokenizer.from_json_str(tokenizer_json)
         if not os.environ.get("FASTOKENS_SEGMENT_CACHE"):
             fast.enable_segment_cache(SEGMENT_CACHE_BYTES)
-        candidate = FastokensEncoder(fast)
+        candidate = Encoder(fast, "fastokens")
         for text in probe_texts(reference):
             if candidate.encode(text) != fallback.encode(text):
                 log.warning("model_dir.fastokens_mismatch", model=source, probe=text[:80])

@@ -19,11 +19,16 @@ _SWAP = sys.byteorder != "little"
 def pack(token_ids: Sequence[int]) -> bytes:
     """``token_ids`` as little-endian uint32 bytes; an id outside 0..2**32-1 is an invalid request."""
     try:
-        data = array("I", token_ids)
+        return le32(token_ids)
     except (OverflowError, TypeError) as exc:
         raise InvalidRequestError(f"token ids must be integers in 0..2**32-1: {exc}", param="token_ids") from None
+
+
+def le32(token_ids: Sequence[int]) -> bytes:
+    """:func:`pack` for callers with their own error: raises ``OverflowError`` / ``TypeError`` as ``array`` does."""
+    data = array("I", token_ids)  # one C call, not one struct.pack per id
     if data.itemsize != 4:  # pragma: no cover - no platform we run on has a 2- or 8-byte C unsigned int
-        return b"".join(int(t).to_bytes(4, "little") for t in token_ids)
+        return b"".join(int(t).to_bytes(4, "little", signed=False) for t in token_ids)
     if _SWAP:  # pragma: no cover - big-endian hosts
         data.byteswap()
     return data.tobytes()

@@ -21,7 +21,7 @@ from services.kvcore.timing import DynamoTiming
 from services.kvcore.tokens import FillerVocabulary
 from services.replay.metrics import ReplayResult, RequestRecord, summarise
 from services.replay.sim_worker import SimWorker, SimWorkerConfig
-from services.replay.trace import PromptCache, TraceRequest
+from services.replay.trace import TracePrompts, TraceRequest
 from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, StoredEvent
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerRegistry
@@ -76,7 +76,7 @@ class Replay:
         self._records: dict[str, RequestRecord] = {}
         self._inflight: dict[str, InFlight] = {}
         self._running: dict[str, CoreRequest] = {}
-        self._prompts = PromptCache(wc.block_size)
+        self._prompts = TracePrompts(wc.block_size)
         self.now = 0.0
 
     @property

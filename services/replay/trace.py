@@ -57,7 +57,7 @@ def _block_range(h: int, trace_block: int, most: int) -> range:
     return range(h * trace_block, h * trace_block + min(trace_block, most))
 
 
-class PromptCache:
+class TracePrompts:
     """Each request's :meth:`TraceRequest.tokens` and their block hashes, built from per-hash-id pieces.
 
     Requests of one session repeat most of each other's hash ids, so a full trace block's tokens (one tuple

@@ -13,7 +13,7 @@ from services.kvcore.timing import DynamoTiming
 from services.launcher.cli import main
 from services.replay.sim_worker import SimWorkerConfig
 from services.replay.simulator import ReplayConfig, replay
-from services.replay.trace import PromptCache, TraceRequest, load_trace
+from services.replay.trace import TracePrompts, TraceRequest, load_trace
 
 
 def test_dynamo_polynomials() -> None:
@@ -81,7 +81,7 @@ def test_synthetic_tokens_are_uint32_and_padding_never_collides() -> None:
 def test_prompt_cache_gives_each_request_its_tokens_and_their_block_hashes() -> None:
     rng = random.Random(0)
     for block_size in (16, 64, 100):  # 100 does not divide the trace block: hashed whole
-        cache = PromptCache(block_size, max_blocks=8)
+        cache = TracePrompts(block_size, max_blocks=8)
         for _ in range(100):
             ids = tuple(rng.randrange(40) for _ in range(rng.randrange(0, 8)))
             req = TraceRequest(0, rng.randrange(0, 8 * 512 + 300), 1, ids)
