@@ -12,6 +12,9 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from gateway.turn_tracking import TurnTracker
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
 from services.common import errors
+from services.common.mux import MuxChannel, method_name
+
+CHAT = method_name("Parse", "Chat")
 
 
 class ParseClient:
@@ -32,8 +35,12 @@ class ParseClient:
         served_model_name: str = "",
         aliases: Mapping[str, str] | None = None,
         turns: TurnTracker | None = None,
+        streams: MuxChannel | None = None,
     ) -> None:
         self._stub = parse_pb2_grpc.ParseStub(channel)
+        # Chat streams on the parse service's mux session when given (the mesh), else one call each.
+        self._chat = (streams.unary_stream(CHAT, chat_pb2.ChatEventBatch.FromString) if streams is not None
+                      else self._stub.Chat)
         self.turns = turns
         self._timeout = timeout
         self._probe_timeout = probe_timeout
@@ -47,7 +54,7 @@ class ParseClient:
         """Stream the parse service's event batches for ``request``."""
         turn = self.turns.begin(request) if self.turns is not None else None
         with turn.attached() if turn is not None else contextlib.nullcontext():
-            call = self._stub.Chat(request, timeout=self._timeout)
+            call = self._chat(request, timeout=self._timeout)
         outcome = "cancelled"
         try:
             while True:

@@ -18,7 +18,7 @@ from gateway.settings import GatewaySettings
 from gateway.trace_records import TraceRecordSink
 from gateway.turn_tracking import TurnTracker
 from services.api import chat_pb2_grpc
-from services.common.grpc_util import GrpcServer, open_channel
+from services.common.grpc_util import GrpcServer, open_channel, open_mux_channel
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.tracing import Tracing
 
@@ -54,12 +54,14 @@ class Gateway:
         self.settings = settings
         self._tracing = tracing
         self._channel = open_channel(settings.parse_address, tracing)
+        self._streams = open_mux_channel(settings.parse_address)
         self.metrics = GatewayMetrics()
         self.records = TraceRecordSink(settings.trace_records) if settings.trace_records else None
         tracer = tracing.tracer if tracing is not None else None
         self.parse = ParseClient(
             self._channel, timeout=settings.request_timeout, served_model_name=settings.served_model_name,
             aliases=settings.model_aliases(), turns=TurnTracker(tracer, self.metrics, self.records),
+            streams=self._streams,
         )
         self.app = create_app(self.parse, settings, tracer, self.metrics)
         self._metrics_server: MetricsServer | None = None
@@ -106,6 +108,7 @@ class Gateway:
             self._sock.close()
         await self._grpc.stop(grace=1.0)
         await self._channel.close()
+        await self._streams.close()
         if self._metrics_server is not None:
             self._metrics_server.stop()
         if self.records is not None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.common.mux import MuxChannel, MuxMethod, add_mux_server
 from services.common.tracing import Tracing
 
 # Generous limits: prompts of 200K tokens travel as one message.
@@ -37,6 +38,10 @@ class GrpcServer:
             raise OSError(f"cannot bind gRPC server to {host}:{port}")
         self.host = host
 
+    def add_mux(self, methods: Mapping[str, MuxMethod]) -> None:
+        """Serve ``methods`` (full name -> handler) on mux sessions too (``services.common.mux``)."""
+        add_mux_server(self.server, methods)
+
     @property
     def address(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
@@ -49,6 +54,11 @@ class GrpcServer:
     async def stop(self, grace: float = 2.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+
+
+def open_mux_channel(target: str) -> MuxChannel:
+    """A channel for mux streams to ``target`` (each stream carries its own trace context)."""
+    return MuxChannel(target, options=CHANNEL_OPTIONS)
 
 
 def open_channel(target: str, tracing: Tracing | None) -> grpc.aio.Channel:

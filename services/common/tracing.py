@@ -21,10 +21,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import baggage, context, trace
-from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor, filters
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+from services.common.mux import SERVICE_NAME as MUX_SERVICE
 
 # Baggage keys == span attribute names (Jaeger tag search: session.id=...).
 SESSION = "session.id"
@@ -151,7 +153,9 @@ class Tracing:
         return self._processor is not None
 
     def server_interceptors(self) -> Sequence[Any]:
-        return [aio_server_interceptor(tracer_provider=self.provider)]
+        # A mux session outlives every request on it; its streams carry their own trace context.
+        return [aio_server_interceptor(tracer_provider=self.provider,
+                                       filter_=filters.negate(filters.service_name(MUX_SERVICE)))]
 
     def client_interceptors(self) -> Sequence[Any]:
         return list(aio_client_interceptors(tracer_provider=self.provider))

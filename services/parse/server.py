@@ -6,13 +6,13 @@ import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 
-import grpc
 import structlog
 
-from services.api import parse_pb2_grpc, router_pb2_grpc
-from services.common.grpc_util import GrpcServer, open_channel
+from services.api import chat_pb2, parse_pb2_grpc
+from services.common.grpc_util import GrpcServer, open_mux_channel
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
+from services.common.mux import GenerateStub, MuxChannel, MuxMethod, method_name
 from services.common.tracing import Tracing
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat
@@ -28,7 +28,7 @@ class RunningParse:
     """A started parse server (``address`` is host:port) and what it owns."""
 
     server: GrpcServer
-    channel: grpc.aio.Channel
+    channel: MuxChannel
     model_format: ModelFormat
     metrics_server: MetricsServer | None = None
 
@@ -66,12 +66,13 @@ async def start(
 ) -> RunningParse:
     """Build and start a parse server (in-process use: tests, embedding); ``stop()`` it when done."""
     fmt = model_format or build_model_format(settings)
-    channel = open_channel(settings.router_address, tracing)
+    channel = open_mux_channel(settings.router_address)
     tracer = tracing.tracer if tracing is not None else None
     metrics = ParseMetrics()
-    servicer = ParseService(fmt, router_pb2_grpc.RouterStub(channel), tracer, metrics=metrics)
+    servicer = ParseService(fmt, GenerateStub(channel, "Router"), tracer, metrics=metrics)
     server = GrpcServer(tracing, settings.host, settings.port)
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
+    server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})
     await server.start()
     return RunningParse(server=server, channel=channel, model_format=fmt,
                         metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port))

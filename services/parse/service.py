@@ -12,10 +12,11 @@ import grpc
 import structlog
 from opentelemetry import trace
 
-from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
+from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, worker_pb2
 from services.common import errors
 from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.model_dir import input_modalities
+from services.common.mux import GenerateStub
 from services.parse import convert
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
@@ -32,7 +33,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
     def __init__(
         self,
         model_format: ModelFormat,
-        router: router_pb2_grpc.RouterStub,
+        router: GenerateStub,
         tracer: trace.Tracer | None = None,
         created: int | None = None,
         prefix_watch: PrefixWatch | None = None,

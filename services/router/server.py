@@ -14,7 +14,8 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from opentelemetry import trace
 
-from services.api import router_pb2_grpc
+from services.api import router_pb2_grpc, worker_pb2
+from services.common import mux
 from services.common.grpc_util import GrpcServer
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.nats_util import connect_nats
@@ -87,6 +88,8 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     consumer = WorkerEventsConsumer(nc, settings.namespace, router, recoverer, on_gone)
     server = GrpcServer(tracing, settings.host, settings.port)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server.server)
+    server.add_mux({mux.method_name("Router", "Generate"):
+                    mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})
     await consumer.start()
     await server.start()
     log.info("router.ready", address=server.address, mode=settings.router_mode)

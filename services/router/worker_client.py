@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import grpc
 
 from services.api import kv_pb2, kv_pb2_grpc, worker_pb2, worker_pb2_grpc
-from services.common import errors
-from services.common.grpc_util import drain, open_channel
+from services.common import errors, mux
+from services.common.grpc_util import drain, open_channel, open_mux_channel
 from services.common.tracing import Tracing
 from services.router import convert
 from services.router.index import KvEvent
@@ -24,18 +24,29 @@ WORKER_FAILURES = frozenset({
 })
 
 
+GENERATE = mux.method_name("Worker", "Generate")
+
+
 class WorkerChannels:
-    """One gRPC channel per worker address, opened on first use."""
+    """Per worker address, opened on first use: a gRPC channel for unary calls and a mux channel for
+    Generate streams."""
 
     def __init__(self, tracing: Tracing | None) -> None:
         self._tracing = tracing
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._streams: dict[str, mux.MuxChannel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = open_channel(address, self._tracing)
         return channel
+
+    def streams(self, address: str) -> mux.MuxChannel:
+        streams = self._streams.get(address)
+        if streams is None:
+            streams = self._streams[address] = open_mux_channel(address)
+        return streams
 
     def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         return worker_pb2_grpc.WorkerStub(self.channel(address))
@@ -44,17 +55,19 @@ class WorkerChannels:
         channel = self._channels.pop(address, None)
         if channel is not None:
             await channel.close()
+        streams = self._streams.pop(address, None)
+        if streams is not None:
+            await streams.close()
 
     async def close_all(self) -> None:
-        for address in list(self._channels):
+        for address in list(self._channels.keys() | self._streams.keys()):
             await self.close(address)
 
 
 class GrpcWorkerStream:
-    """:class:`services.router.proxy.WorkerStream` over one ``Worker.Generate`` call."""
+    """:class:`services.router.proxy.WorkerStream` over one ``Worker.Generate`` stream (on the worker's mux)."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall[worker_pb2.GenerateRequest,
-                                                      worker_pb2.GenerateResponse]) -> None:
+    def __init__(self, call: mux.MuxCall[worker_pb2.GenerateResponse]) -> None:
         self._call = call
 
     async def read(self) -> Frame | None:
@@ -86,8 +99,9 @@ class GrpcWorkerStreams:
         self._request = request
 
     def open(self, endpoint: WorkerEndpoint, attempt: AttemptRequest) -> GrpcWorkerStream:
-        stub = self._channels.stub(endpoint.address)
-        return GrpcWorkerStream(stub.Generate(convert.worker_request(self._request, attempt)))
+        streams = self._channels.streams(endpoint.address)
+        request = convert.worker_request(self._request, attempt)
+        return GrpcWorkerStream(streams.open(GENERATE, request, worker_pb2.GenerateResponse.FromString))
 
 
 class GrpcRecoverySource:

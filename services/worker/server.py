@@ -18,6 +18,7 @@ import structlog
 from nats.aio.client import Client as NatsClient
 
 from services.api import kv_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common import mux
 from services.common.grpc_util import GrpcServer
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
@@ -80,8 +81,10 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     tracer = tracing.tracer if tracing is not None else None
     metrics = WorkerMetrics()
     metrics.watch(engine, worker_id)
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(engine, worker_id, info, tracer, metrics),
-                                                 server.server)
+    servicer = WorkerServicer(engine, worker_id, info, tracer, metrics)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
+    server.add_mux({mux.method_name("Worker", "Generate"):
+                    mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})
     nc = await connect_nats(settings.nats_url, worker_id)
     try:
         await engine.start()

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc
+from services.common import mux
 
 Responder = Callable[[chat_pb2.ChatRequest], list[chat_pb2.ChatEventBatch]]
 
@@ -110,6 +111,7 @@ class FakeParse(parse_pb2_grpc.ParseServicer):
 async def start_fake_parse(fake: FakeParse) -> tuple[grpc.aio.Server, str]:
     server = grpc.aio.server()
     parse_pb2_grpc.add_ParseServicer_to_server(fake, server)
+    mux.add_mux_server(server, {mux.method_name("Parse", "Chat"): mux.MuxMethod(fake.Chat, chat_pb2.ChatRequest)})
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
-from services.common import token_bytes
+from services.common import mux, token_bytes
 from services.common.grpc_util import GrpcServer, open_channel
 from services.common.model_dir import load_model_dir
 from services.parse.metrics import ParseMetrics
@@ -73,6 +73,8 @@ async def mesh() -> AsyncIterator[tuple[FakeRouter, parse_pb2_grpc.ParseStub, Ru
     router = FakeRouter()
     router_server = GrpcServer(None, "127.0.0.1", 0)
     router_pb2_grpc.add_RouterServicer_to_server(router, router_server.server)
+    router_server.add_mux({mux.method_name("Router", "Generate"):
+                           mux.MuxMethod(router.Generate, worker_pb2.GenerateRequest)})
     await router_server.start()
     fmt = ModelFormat(DEMO, reasoning_parser="qwen3", tool_parser="hermes", max_model_len=4096)
     parse = await start(ParseSettings(port=0, router_address=router_server.address), model_format=fmt)
