@@ -44,6 +44,8 @@ Response = TypeVar("Response", bound=Message)
 Handler = Callable[[Any, Any], AsyncIterator[Message]]
 
 SERVICE_NAME = "harnessmesh.v1.Mux"
+# Least time between two batches of plain frames on a session: 2,000 batches/s at most per peer.
+DEFAULT_LINGER = 0.0005
 
 
 def method_name(service: str, method: str) -> str:
@@ -55,39 +57,71 @@ class _Outbox:
     """Frames waiting for a session's writer, taken all at once.
 
     :meth:`send` waits until the batch holding its frame was written (one frame in flight per
-    stream); :meth:`post` does not (open, cancel and end frames).
+    stream); :meth:`post` does not (open, cancel and end frames). With ``linger`` > 0 a batch of
+    plain frames is taken no sooner than ``linger`` seconds after the previous one, so a session
+    sends at most ``1 / linger`` batches a second however fast its streams produce (an engine
+    stepping every few milliseconds never waits); an urgent frame (a stream's first message, its
+    end, an open or a cancel) is taken at once, with everything waiting beside it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, linger: float = 0.0) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._linger = linger
         self._frames: list[mux_pb2.MuxFrame] = []
-        self._ready = asyncio.Event()
-        self._written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._urgent = False
+        self._lingering = False
+        self._wake: asyncio.Future[None] | None = None
+        self._written: asyncio.Future[None] = self._loop.create_future()
+        self._last_take = float("-inf")
         self._closed = False
 
-    def post(self, frame: mux_pb2.MuxFrame) -> None:
+    def post(self, frame: mux_pb2.MuxFrame, *, urgent: bool = True) -> None:
         self._frames.append(frame)
-        self._ready.set()
+        self._urgent = self._urgent or urgent
+        self._notify(urgent)
 
-    async def send(self, frame: mux_pb2.MuxFrame) -> None:
+    async def send(self, frame: mux_pb2.MuxFrame, *, urgent: bool = False) -> None:
         if self._closed:
             raise asyncio.CancelledError
-        self.post(frame)
+        self.post(frame, urgent=urgent)
         await asyncio.shield(self._written)
 
     def close(self) -> None:
         self._closed = True
-        self._ready.set()
+        self._notify(True)
+
+    def _notify(self, urgent: bool) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done() and (urgent or not self._lingering):
+            wake.set_result(None)
+
+    def _linger_over(self) -> None:
+        self._notify(True)
 
     async def take(self) -> tuple[list[mux_pb2.MuxFrame], asyncio.Future[None]] | None:
-        """Every frame waiting (waits for one) and the future to resolve once they are written;
-        ``None`` once closed."""
-        while not self._frames:
-            if self._closed:
+        """Every frame waiting (waits for one, see the class docstring) and the future to resolve
+        once they are written; ``None`` once closed."""
+        while True:
+            timer: asyncio.TimerHandle | None = None
+            if self._frames:
+                wait = 0.0 if self._urgent or self._closed else self._last_take + self._linger - self._loop.time()
+                if wait <= 0:
+                    break
+                timer = self._loop.call_later(wait, self._linger_over)
+            elif self._closed:
                 return None
-            self._ready.clear()
-            await self._ready.wait()
+            self._lingering = timer is not None
+            self._wake = self._loop.create_future()
+            try:
+                await self._wake
+            finally:
+                self._wake = None
+                if timer is not None:
+                    timer.cancel()
         frames, self._frames = self._frames, []
-        written, self._written = self._written, asyncio.get_running_loop().create_future()
+        self._urgent = False
+        self._last_take = self._loop.time()
+        written, self._written = self._written, self._loop.create_future()
         return frames, written
 
 
@@ -132,8 +166,8 @@ class MuxContext:
 class _ServerSession:
     """One client's session: a task per open stream, one outbox for the writer."""
 
-    def __init__(self, methods: Mapping[str, MuxMethod], peer: str) -> None:
-        self.outbox = _Outbox()
+    def __init__(self, methods: Mapping[str, MuxMethod], peer: str, linger: float) -> None:
+        self.outbox = _Outbox(linger)
         self._methods = methods
         self._peer = peer
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -172,8 +206,11 @@ class _ServerSession:
                 await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no mux method {request.method}")
                 return
             message = method.request_type.FromString(request.request)
+            first = True
             async for response in method.handler(message, context):
-                await self.outbox.send(mux_pb2.MuxFrame(stream=stream, message=response.SerializeToString()))
+                await self.outbox.send(mux_pb2.MuxFrame(stream=stream, message=response.SerializeToString()),
+                                       urgent=first)
+                first = False
         except grpc.aio.AbortError:
             pass
         except asyncio.CancelledError:
@@ -189,15 +226,17 @@ class _ServerSession:
 
 
 class MuxServer(mux_pb2_grpc.MuxServicer):
-    """Serves ``methods`` (full method name -> :class:`MuxMethod`) over mux sessions."""
+    """Serves ``methods`` (full method name -> :class:`MuxMethod`) over mux sessions; ``linger``: the
+    least time between two batches of plain frames on a session (see :class:`_Outbox`)."""
 
-    def __init__(self, methods: Mapping[str, MuxMethod]) -> None:
+    def __init__(self, methods: Mapping[str, MuxMethod], linger: float = DEFAULT_LINGER) -> None:
         self._methods = dict(methods)
+        self._linger = linger
 
     async def Session(  # type: ignore[override]
         self, request_iterator: AsyncIterator[mux_pb2.MuxBatch], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[mux_pb2.MuxBatch]:
-        session = _ServerSession(self._methods, context.peer())
+        session = _ServerSession(self._methods, context.peer(), self._linger)
         reader = asyncio.create_task(session.read(request_iterator), name="mux-session-reader")
         try:
             while (taken := await session.outbox.take()) is not None:
@@ -209,8 +248,8 @@ class MuxServer(mux_pb2_grpc.MuxServicer):
             session.cancel_all()
 
 
-def add_mux_server(server: grpc.aio.Server, methods: Mapping[str, MuxMethod]) -> None:
-    mux_pb2_grpc.add_MuxServicer_to_server(MuxServer(methods), server)
+def add_mux_server(server: grpc.aio.Server, methods: Mapping[str, MuxMethod], linger: float = DEFAULT_LINGER) -> None:
+    mux_pb2_grpc.add_MuxServicer_to_server(MuxServer(methods, linger), server)
 
 
 # --- client -------------------------------------------------------------------------------------
