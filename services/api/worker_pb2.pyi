@@ -36,6 +36,8 @@ class GenerateRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _builtins.int
     PREFILL_ONLY_FIELD_NUMBER: _builtins.int
     TARGET_WORKER_ID_FIELD_NUMBER: _builtins.int
+    PROMPT_BASE_FIELD_NUMBER: _builtins.int
+    PROMPT_KEY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     token_ids_u32: _builtins.bytes
     """The prompt's token ids as little-endian uint32, 4 bytes each (services/common/token_bytes.py packs
@@ -55,6 +57,8 @@ class GenerateRequest(_message.Message):
     """
     target_worker_id: _builtins.str
     """Run on this worker if it is live (speculative prefill targets the worker of the previous turn)."""
+    prompt_key: _builtins.str
+    """The receiver keeps this request's whole prompt under this key, for the next one's `prompt_base`."""
     @_builtins.property
     def sampling(self) -> _common_pb2.SamplingParams: ...
     @_builtins.property
@@ -64,6 +68,14 @@ class GenerateRequest(_message.Message):
     @_builtins.property
     def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Token ids that end generation (the model's end-of-turn tokens); the engine's own EOS also counts."""
+
+    @_builtins.property
+    def prompt_base(self) -> Global___PromptBase:
+        """Prompt reuse across one hop (services/common/prompt_reuse.py): this prompt continues one the receiver
+        keeps under `prompt_base.key`, and token_ids_u32 holds only the tokens after its first
+        `prompt_base.tokens`. A receiver that no longer holds that prefix answers FAILED_PRECONDITION and the
+        sender sends the whole prompt again.
+        """
 
     def __init__(
         self,
@@ -79,14 +91,45 @@ class GenerateRequest(_message.Message):
         cache_salt: _builtins.str = ...,
         prefill_only: _builtins.bool = ...,
         target_worker_id: _builtins.str = ...,
+        prompt_base: Global___PromptBase | None = ...,
+        prompt_key: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints", "identity", b"identity", "sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints", "identity", b"identity", "prompt_base", b"prompt_base", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "hints", b"hints", "identity", b"identity", "match_text", b"match_text", "model", b"model", "prefill_only", b"prefill_only", "request_id", b"request_id", "sampling", b"sampling", "stop_token_ids", b"stop_token_ids", "target_worker_id", b"target_worker_id", "token_ids_u32", b"token_ids_u32"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "hints", b"hints", "identity", b"identity", "match_text", b"match_text", "model", b"model", "prefill_only", b"prefill_only", "prompt_base", b"prompt_base", "prompt_key", b"prompt_key", "request_id", b"request_id", "sampling", b"sampling", "stop_token_ids", b"stop_token_ids", "target_worker_id", b"target_worker_id", "token_ids_u32", b"token_ids_u32"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+
+@_typing.final
+class PromptBase(_message.Message):
+    """A prefix of a prompt sent earlier on the same hop."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    tokens: _builtins.int
+    """the prefix's length in tokens"""
+    digest: _builtins.int
+    """xxh3-64 of the prefix's packed bytes"""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        tokens: _builtins.int = ...,
+        digest: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "key", b"key", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromptBase: _TypeAlias = PromptBase  # noqa: Y015
 
 @_typing.final
 class PromptInfo(_message.Message):

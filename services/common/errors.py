@@ -79,6 +79,15 @@ class InternalError(MeshError):
     """A bug or an unexpected failure inside the mesh."""
 
 
+class PromptBaseUnknownError(MeshError):
+    """A hop was sent the tail of a prompt whose prefix it no longer holds (``services.common.prompt_reuse``).
+
+    Only between hops: the sender answers it by sending the whole prompt, no client sees it.
+    """
+
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
 _BY_CODE: dict[int, type[MeshError]] = {
     cls.code: cls
     for cls in (
@@ -93,6 +102,7 @@ _BY_CODE: dict[int, type[MeshError]] = {
 }
 _BY_STATUS: dict[grpc.StatusCode, type[MeshError]] = {cls.grpc_status: cls for cls in _BY_CODE.values()}
 _BY_STATUS[grpc.StatusCode.DEADLINE_EXCEEDED] = UnavailableError
+_BY_STATUS[grpc.StatusCode.FAILED_PRECONDITION] = PromptBaseUnknownError
 _BY_STATUS[grpc.StatusCode.RESOURCE_EXHAUSTED] = UnavailableError
 
 # gRPC trailing-metadata key carrying the offending field, so `param` survives a hop.

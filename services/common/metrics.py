@@ -14,7 +14,7 @@ from wsgiref.simple_server import WSGIServer
 
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = structlog.get_logger()
@@ -50,6 +50,8 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsS
 class GaugeCallback(Collector):
     """Gauges computed at scrape time: ``read()`` returns ``{label values: value}`` per gauge."""
 
+    family: type[GaugeMetricFamily] | type[CounterMetricFamily] = GaugeMetricFamily
+
     def __init__(self, name: str, documentation: str, labels: Iterable[str],
                  read: Callable[[], dict[tuple[str, ...], float]]) -> None:
         self._name = name
@@ -58,7 +60,13 @@ class GaugeCallback(Collector):
         self._read = read
 
     def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily(self._name, self._doc, labels=self._labels)
+        family = self.family(self._name, self._doc, labels=self._labels)
         for labels, value in self._read().items():
             family.add_metric(list(labels), value)
         yield family
+
+
+class CounterCallback(GaugeCallback):
+    """Counters kept elsewhere (plain ints), read at scrape time like :class:`GaugeCallback`."""
+
+    family = CounterMetricFamily

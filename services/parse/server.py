@@ -13,6 +13,7 @@ from services.common.grpc_util import GrpcServer, open_mux_channel
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
 from services.common.mux import GenerateStub, MuxChannel, MuxMethod, method_name
+from services.common.prompt_reuse import ReusingStub
 from services.common.tracing import Tracing
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat
@@ -69,7 +70,7 @@ async def start(
     channel = open_mux_channel(settings.router_address)
     tracer = tracing.tracer if tracing is not None else None
     metrics = ParseMetrics()
-    servicer = ParseService(fmt, GenerateStub(channel, "Router"), tracer, metrics=metrics)
+    servicer = ParseService(fmt, ReusingStub(GenerateStub(channel, "Router")), tracer, metrics=metrics)
     server = GrpcServer(tracing, settings.host, settings.port)
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})

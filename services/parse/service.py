@@ -16,7 +16,7 @@ from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, worker_pb2
 from services.common import errors
 from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.model_dir import input_modalities
-from services.common.mux import GenerateStub
+from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.parse import convert
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
@@ -33,7 +33,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
     def __init__(
         self,
         model_format: ModelFormat,
-        router: GenerateStub,
+        router: ReusingStub,
         tracer: trace.Tracer | None = None,
         created: int | None = None,
         prefix_watch: PrefixWatch | None = None,
@@ -89,8 +89,9 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             tracker = _SpanEvents(span, self.metrics)
             spec_turn = TurnRecorder() if request.hints.speculative_prefill else None  # speculative prefill
             spec_worker = ""
-            watched = self._prefix_watch.begin(session_key(request.identity), prompt.token_ids)  # prefix-break report
-            call = self._router.Generate(generate)
+            session = session_key(request.identity)
+            watched = self._prefix_watch.begin(session, prompt.token_ids)  # prefix-break report
+            call = self._router.Generate(generate, key=prompt_key(session, generate.token_ids_u32))
             sent = finished = False
             error: MeshError | None = None
             try:

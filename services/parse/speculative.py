@@ -18,7 +18,7 @@ import structlog
 
 from services.api import chat_pb2, worker_pb2
 from services.common import token_bytes
-from services.common.mux import GenerateStub
+from services.common.prompt_reuse import ReusingStub
 from services.parse import convert
 from services.parse.conversation import ChatMessage, Part, ReasoningPart, TextPart, ToolCallPart
 from services.parse.model_format import ModelFormat
@@ -73,7 +73,7 @@ def next_turn_request(
 class SpeculativePrefiller:
     """Runs speculative prefills in the background; :meth:`close` cancels the ones still running."""
 
-    def __init__(self, fmt: ModelFormat, router: GenerateStub) -> None:
+    def __init__(self, fmt: ModelFormat, router: ReusingStub) -> None:
         self._format = fmt
         self._router = router
         self._tasks: set[asyncio.Task[None]] = set()

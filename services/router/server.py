@@ -15,7 +15,7 @@ from nats.aio.client import Client as NatsClient
 from opentelemetry import trace
 
 from services.api import router_pb2_grpc, worker_pb2
-from services.common import mux
+from services.common import mux, prompt_reuse
 from services.common.grpc_util import GrpcServer
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.nats_util import connect_nats
@@ -78,6 +78,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     metrics.watch(registry, lambda: len(admission))
     proxy = Proxy(router, limits, admission=admission, tracer=tracer, metrics=metrics)
     servicer = RouterServicer(proxy, channels, registry)
+    prompt_reuse.watch(metrics.registry, servicer.prompts)
     nc = await connect_nats(settings.nats_url, "harnessmesh-router")
 
     async def on_gone(endpoint: WorkerEndpoint, expired: bool) -> None:

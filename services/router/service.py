@@ -13,6 +13,7 @@ import grpc
 
 from services.api import router_pb2, router_pb2_grpc, worker_pb2
 from services.common import errors
+from services.common.prompt_reuse import PromptStore
 from services.router import convert
 from services.router.proxy import Proxy
 from services.router.registry import WorkerRegistry
@@ -22,10 +23,12 @@ from services.router.worker_client import GrpcWorkerStreams, WorkerChannels
 class RouterServicer(router_pb2_grpc.RouterServicer):
     """Router.Generate and Router.ListWorkers (see module docstring)."""
 
-    def __init__(self, proxy: Proxy, channels: WorkerChannels, registry: WorkerRegistry) -> None:
+    def __init__(self, proxy: Proxy, channels: WorkerChannels, registry: WorkerRegistry,
+                 prompts: PromptStore | None = None) -> None:
         self._proxy = proxy
         self._channels = channels
         self._registry = registry
+        self.prompts = prompts or PromptStore()  # prompts parse sent, for its next turn's prompt tail
 
     async def Generate(
         self,
@@ -34,6 +37,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         sent = False
         try:
+            self.prompts.resolve(request)
             async for frame in self._proxy.run(convert.proxy_request(request),
                                                GrpcWorkerStreams(self._channels, request)):
                 sent = True

@@ -9,6 +9,7 @@ import grpc
 from services.api import kv_pb2, kv_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common import errors, mux
 from services.common.grpc_util import drain, open_channel, open_mux_channel
+from services.common.prompt_reuse import ReusingCall, ReusingStub
 from services.common.tracing import Tracing
 from services.router import convert
 from services.router.index import KvEvent
@@ -24,9 +25,6 @@ WORKER_FAILURES = frozenset({
 })
 
 
-GENERATE = mux.method_name("Worker", "Generate")
-
-
 class WorkerChannels:
     """Per worker address, opened on first use: a gRPC channel for unary calls and a mux channel for
     Generate streams."""
@@ -35,6 +33,7 @@ class WorkerChannels:
         self._tracing = tracing
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, mux.MuxChannel] = {}
+        self._stubs: dict[str, ReusingStub] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -48,6 +47,13 @@ class WorkerChannels:
             streams = self._streams[address] = open_mux_channel(address)
         return streams
 
+    def generate_stub(self, address: str) -> ReusingStub:
+        """``Worker.Generate`` streams on the worker's mux, a session's prompts sent as tails when they can."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = self._stubs[address] = ReusingStub(mux.GenerateStub(self.streams(address), "Worker"))
+        return stub
+
     def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         return worker_pb2_grpc.WorkerStub(self.channel(address))
 
@@ -55,6 +61,7 @@ class WorkerChannels:
         channel = self._channels.pop(address, None)
         if channel is not None:
             await channel.close()
+        self._stubs.pop(address, None)
         streams = self._streams.pop(address, None)
         if streams is not None:
             await streams.close()
@@ -67,7 +74,7 @@ class WorkerChannels:
 class GrpcWorkerStream:
     """:class:`services.router.proxy.WorkerStream` over one ``Worker.Generate`` stream (on the worker's mux)."""
 
-    def __init__(self, call: mux.MuxCall[worker_pb2.GenerateResponse]) -> None:
+    def __init__(self, call: ReusingCall) -> None:
         self._call = call
 
     async def read(self) -> Frame | None:
@@ -99,9 +106,9 @@ class GrpcWorkerStreams:
         self._request = request
 
     def open(self, endpoint: WorkerEndpoint, attempt: AttemptRequest) -> GrpcWorkerStream:
-        streams = self._channels.streams(endpoint.address)
         request = convert.worker_request(self._request, attempt)
-        return GrpcWorkerStream(streams.open(GENERATE, request, worker_pb2.GenerateResponse.FromString))
+        stub = self._channels.generate_stub(endpoint.address)
+        return GrpcWorkerStream(stub.Generate(request, key=request.prompt_key))
 
 
 class GrpcRecoverySource:

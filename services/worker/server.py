@@ -18,7 +18,7 @@ import structlog
 from nats.aio.client import Client as NatsClient
 
 from services.api import kv_pb2_grpc, worker_pb2, worker_pb2_grpc
-from services.common import mux
+from services.common import mux, prompt_reuse
 from services.common.grpc_util import GrpcServer
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
@@ -82,6 +82,7 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     metrics = WorkerMetrics()
     metrics.watch(engine, worker_id)
     servicer = WorkerServicer(engine, worker_id, info, tracer, metrics)
+    prompt_reuse.watch(metrics.registry, servicer.prompts)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     server.add_mux({mux.method_name("Worker", "Generate"):
                     mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})

@@ -14,6 +14,7 @@ from opentelemetry import trace
 
 from services.api import worker_pb2, worker_pb2_grpc
 from services.common import errors
+from services.common.prompt_reuse import PromptStore
 from services.worker import convert
 from services.worker.engine import Engine, EngineOutput
 from services.worker.metrics import WorkerMetrics
@@ -38,8 +39,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         worker_info: Callable[[], worker_pb2.WorkerInfo],
         tracer: trace.Tracer | None = None,
         metrics: WorkerMetrics | None = None,
+        prompts: PromptStore | None = None,
     ) -> None:
         self.metrics = metrics or WorkerMetrics()
+        self.prompts = prompts or PromptStore()  # prompts the router sent, for a session's next prompt tail
         self._engine = engine
         self._worker_id = worker_id
         self._worker_info = worker_info
@@ -48,6 +51,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: Context  # type: ignore[override]
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        try:
+            self.prompts.resolve(request)
+        except errors.MeshError as err:
+            await errors.abort_with(context, err)  # raises: the router sends the whole prompt again
         req = convert.request_from_proto(request)
         if not req.request_id:
             req = replace(req, request_id=f"req-{uuid.uuid4().hex[:12]}")

@@ -1,0 +1,220 @@
+"""Prompt reuse across a hop: a session's next prompt travels as the tokens after a prefix the receiver holds.
+
+A 100k-token prompt (400 KB packed) costs ~2 ms more per gRPC hop than a short one (measured on loopback,
+parse -> router and router -> worker alike), and an agent's next turn shares all but its last few hundred
+tokens with the turn before. So each sender (:class:`PromptSender`, one per receiver) remembers the last
+prompt it sent under each key (the session, see :func:`prompt_key`); the next request under that key
+carries ``prompt_base`` (the shared prefix's length and xxh3 digest) and only the tokens after it. The
+receiver (:class:`PromptStore`) keeps the last whole prompt per key and rebuilds the request's prompt
+before anything reads it. A receiver that no longer holds the prefix (evicted, restarted, or another
+prompt was stored under the key since) answers FAILED_PRECONDITION
+(:class:`~services.common.errors.PromptBaseUnknownError`), and :class:`ReusingCall` sends the whole
+prompt again, once, before its caller saw any frame. Both sides are LRU maps bounded in bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import xxhash
+from prometheus_client import CollectorRegistry
+
+from services.api import worker_pb2
+from services.common.errors import PromptBaseUnknownError
+from services.common.metrics import CounterCallback
+from services.common.mux import GenerateStub, MuxCall
+
+MIN_REUSE_TOKENS = 2048        # a shorter shared prefix is as cheap to send again
+DEFAULT_MAX_BYTES = 256 << 20  # per store / sender: ~650 sessions of 100k tokens
+_CHUNK = 64 << 10
+_CONTENT_KEY_BYTES = 4 * 1024  # an anonymous prompt's key: its first 1,024 tokens
+
+
+def digest(data: bytes | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def common_prefix_tokens(a: bytes, b: bytes) -> int:
+    """How many leading packed tokens ``a`` and ``b`` share (C-speed compares, chunk by chunk)."""
+    n = min(len(a), len(b))
+    lo = 0
+    while lo < n:  # whole chunks first: most of a session's prompt is shared
+        hi = min(lo + _CHUNK, n)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo = hi
+    else:
+        return n // 4
+    while hi - lo > 64:  # then halve the differing chunk
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo // 4
+
+
+def prompt_key(session: str, packed: bytes) -> str:
+    """The reuse key of a prompt: its session's key, else (an anonymous request) its opening tokens'
+    digest, so one conversation's turns still find each other; "" when it is too short to reuse."""
+    if len(packed) < 4 * MIN_REUSE_TOKENS:
+        return ""
+    if session:
+        return "s:" + session
+    return f"c:{digest(memoryview(packed)[:_CONTENT_KEY_BYTES]):016x}"
+
+
+class _LruBytes:
+    """Byte strings by key, least recently used evicted beyond ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str) -> bytes | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: bytes) -> None:
+        self.pop(key)
+        if len(value) > self.max_bytes:
+            return
+        self._items[key] = value
+        self.size += len(value)
+        while self.size > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self.size -= len(old)
+
+    def pop(self, key: str) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.size -= len(old)
+
+
+class PromptStore:
+    """Receiver side: the last whole prompt per key; :meth:`resolve` makes a request whole again."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._prompts = _LruBytes(max_bytes)
+        self.rebuilt = 0   # requests that arrived as a tail
+        self.refused = 0   # tails whose prefix was not here (the sender sent them whole again)
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def resolve(self, request: worker_pb2.GenerateRequest) -> None:
+        """Put the whole prompt back into ``request`` (in place) and keep it under its ``prompt_key``;
+        raise :class:`PromptBaseUnknownError` when its ``prompt_base`` is not held here."""
+        if request.HasField("prompt_base"):
+            base = request.prompt_base
+            stored = self._prompts.get(base.key)
+            n = 4 * base.tokens
+            if stored is None or len(stored) < n or digest(memoryview(stored)[:n]) != base.digest:
+                self.refused += 1
+                raise PromptBaseUnknownError(f"prompt base {base.key!r} ({base.tokens} tokens) is not held here")
+            request.token_ids_u32 = stored[:n] + request.token_ids_u32
+            request.ClearField("prompt_base")
+            self.rebuilt += 1
+        if request.prompt_key:
+            self._prompts.put(request.prompt_key, request.token_ids_u32)
+
+
+class PromptSender:
+    """Sender side, one per receiver: the last prompt sent under each key."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._sent = _LruBytes(max_bytes)
+
+    def shorten(self, request: worker_pb2.GenerateRequest, key: str) -> bytes | None:
+        """Turn ``request`` (in place) into the tail after what the receiver holds under ``key``; the whole
+        prompt to fall back to, or None when the request goes whole."""
+        if not key:
+            return None
+        whole = request.token_ids_u32
+        last = self._sent.get(key)
+        self._sent.put(key, whole)
+        request.prompt_key = key
+        if last is None:
+            return None
+        shared = common_prefix_tokens(last, whole)
+        if shared < MIN_REUSE_TOKENS:
+            return None
+        request.prompt_base.key = key
+        request.prompt_base.tokens = shared
+        request.prompt_base.digest = digest(memoryview(whole)[: 4 * shared])
+        request.token_ids_u32 = whole[4 * shared:]
+        return whole
+
+    def forget(self, key: str) -> None:
+        self._sent.pop(key)
+
+
+class ReusingStub:
+    """``Generate`` on one receiver with prompt reuse (see module docstring)."""
+
+    def __init__(self, stub: GenerateStub, sender: PromptSender | None = None) -> None:
+        self.stub = stub
+        self.sender = sender or PromptSender()
+
+    def Generate(
+        self, request: worker_pb2.GenerateRequest, *, key: str = "", timeout: float | None = None
+    ) -> ReusingCall:
+        whole = self.sender.shorten(request, key)
+        return ReusingCall(self, request, whole, key, timeout)
+
+
+class ReusingCall:
+    """A Generate call whose request may be a prompt tail: if the receiver does not hold the prefix, the
+    whole prompt is sent again (before the first frame, so the caller sees one stream)."""
+
+    def __init__(self, stub: ReusingStub, request: worker_pb2.GenerateRequest, whole: bytes | None, key: str,
+                 timeout: float | None) -> None:
+        self._stub = stub
+        self._request = request
+        self._whole = whole
+        self._key = key
+        self._timeout = timeout
+        self._call: MuxCall[worker_pb2.GenerateResponse] = stub.stub.Generate(request, timeout=timeout)
+
+    async def read(self) -> worker_pb2.GenerateResponse | Any:
+        try:
+            message = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            if self._whole is None or exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            self._request.ClearField("prompt_base")
+            self._request.token_ids_u32 = self._whole
+            self._whole = None
+            self._call = self._stub.stub.Generate(self._request, timeout=self._timeout)
+            message = await self._call.read()
+        self._whole = None  # a frame (or the end) came: the receiver had the prompt
+        return message
+
+    async def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        while (message := await self.read()) is not grpc.aio.EOF:
+            yield message
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+    def done(self) -> bool:
+        return self._call.done()
+
+
+def watch(registry: CollectorRegistry, store: PromptStore) -> None:
+    """``harnessmesh_prompt_reuse_tails_total{outcome}``: prompts that arrived as a tail and were rebuilt, or
+    refused (their prefix was not held; the sender sent them whole again)."""
+    registry.register(CounterCallback(
+        "harnessmesh_prompt_reuse_tails", "Prompts that arrived as a tail of an earlier prompt, by outcome.",
+        ("outcome",), lambda: {("rebuilt",): float(store.rebuilt), ("refused",): float(store.refused)}))
