@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
+
 from services.common.errors import ContextLengthError
 from services.common.model_dir import ModelDir
 from services.parse.conversation import Conversation, match_text, to_template_input
@@ -36,6 +38,17 @@ class Prompt:
     build: Build = "full"  # how the ids were obtained (see prompt_cache.py)
     build_reason: Reason = "anonymous"
     reused_tokens: int = 0  # ids reused from the session's previous turn
+
+
+# An anonymous prompt this long is worth caching, keyed by its opening characters (system prompt, first turn).
+CONTENT_KEY_CHARS = 16_384
+
+
+def content_key(text: str) -> str:
+    """The prompt cache's key for an anonymous prompt: a digest of its opening; "" (not cached) when short."""
+    if len(text) < CONTENT_KEY_CHARS:
+        return ""
+    return f"c:{xxhash.xxh3_64_hexdigest(text[:CONTENT_KEY_CHARS].encode())}"
 
 
 class ModelFormat:
@@ -98,9 +111,11 @@ class ModelFormat:
 
         ``session`` (``prefix_watch.session_key``; empty: anonymous) lets the prompt cache reuse the
         session's previous turn's ids up to where the new render diverges; the ids are the same either way.
+        A long anonymous prompt is keyed by its opening text (:func:`content_key`), so a client that sends
+        no session id still has its conversation's turns find each other.
         """
         text = self.render(conversation)
-        encoded = self.prompt_cache.encode(session, text)
+        encoded = self.prompt_cache.encode(session or content_key(text), text)
         return Prompt(text=text, token_ids=encoded.token_ids, match_text=match_text(conversation),
                       schemas=_schemas(conversation), build=encoded.build, build_reason=encoded.reason,
                       reused_tokens=encoded.reused_tokens)

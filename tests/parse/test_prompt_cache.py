@@ -342,3 +342,19 @@ def test_model_format_builds_incrementally_per_session() -> None:
                                                ToolCallPart("c", "Bash", '{"command": "ls"}'))),
                      ChatMessage("tool", (TextPart("a.py"),), tool_call_id="c")]
     assert seen == [("full", "new_key"), ("incremental", "extends"), ("incremental", "extends")]
+
+
+def test_a_long_anonymous_conversation_is_keyed_by_its_opening_and_builds_incrementally() -> None:
+    fmt = ModelFormat(load_model_dir(""), reasoning_parser="qwen3", tool_parser="hermes", now=lambda: FIXED_NOW)
+    system = ChatMessage("system", (TextPart("You are a coding agent. " + "Follow the rules. " * 1200),))
+    messages = [system, ChatMessage("user", (TextPart("fix the build"),))]
+    seen = []
+    for k in range(3):
+        prompt = fmt.build_prompt(Conversation(tuple(messages)))  # no session: keyed by its opening text
+        assert prompt.token_ids == fmt.model_dir.tokenizer.encode(prompt.text, add_special_tokens=False).ids
+        seen.append((prompt.build, prompt.build_reason))
+        messages += [ChatMessage("assistant", (TextPart(f"step {k}"), ToolCallPart(f"c{k}", "Bash", '{"a": 1}'))),
+                     ChatMessage("tool", (TextPart(f"out {k}"),), tool_call_id=f"c{k}")]
+    assert seen == [("full", "new_key"), ("incremental", "extends"), ("incremental", "extends")]
+    short = fmt.build_prompt(Conversation((ChatMessage("user", (TextPart("hi"),)),)))
+    assert (short.build, short.build_reason) == ("full", "anonymous")  # short: not worth a cache line
