@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.common.mux import MuxChannel, MuxMethod, add_mux_server
+from services.common.mux import DEFAULT_LINGER, MuxChannel, MuxMethod, add_mux_server
 from services.common.tracing import Tracing
 
 # Generous limits: prompts of 200K tokens travel as one message.
@@ -38,9 +38,9 @@ class GrpcServer:
             raise OSError(f"cannot bind gRPC server to {host}:{port}")
         self.host = host
 
-    def add_mux(self, methods: Mapping[str, MuxMethod]) -> None:
+    def add_mux(self, methods: Mapping[str, MuxMethod], linger: float = DEFAULT_LINGER) -> None:
         """Serve ``methods`` (full name -> handler) on mux sessions too (``services.common.mux``)."""
-        add_mux_server(self.server, methods)
+        add_mux_server(self.server, methods, linger)
 
     @property
     def address(self) -> str:
