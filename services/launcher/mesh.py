@@ -41,7 +41,7 @@ class Mesh:
     def __init__(self, launcher: UpSettings, values: dict[str, Any]) -> None:
         self.launcher = launcher
         self.values = values
-        self.supervisor = Supervisor(log=log)
+        self.supervisor = Supervisor(log=log, restart=launcher.restart)
         self.endpoints: Endpoints | None = None
         self.metrics: dict[str, str] = {}
 
@@ -110,7 +110,7 @@ class Mesh:
             await asyncio.sleep(POLL)
 
     async def watch(self, stop: asyncio.Event) -> int:
-        """Wait for ``stop`` (0) or for any child to die (1)."""
+        """Serve until ``stop`` (0) or until a child's death ends the mesh (1; see the supervisor's policy)."""
         return await self.supervisor.watch(stop)
 
     async def stop(self) -> None:

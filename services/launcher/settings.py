@@ -23,6 +23,9 @@ class UpSettings(ProcessSettings):
                            shared=True)
     nats_port: int = option(0, "Port of the nats-server the launcher starts (0: pick a free port).")
     startup_timeout: float = option(60.0, "Seconds to wait for every service to become healthy.")
+    restart: str = option("on-failure", "What to do when a service process dies: start it again (with backoff; "
+                          "more than 5 deaths in 60 s stop the mesh) or stop the mesh.",
+                          choices=("on-failure", "never"))
 
     def validate(self) -> None:
         if self.workers < 1:

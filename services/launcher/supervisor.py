@@ -2,14 +2,18 @@
 
 A :class:`Supervisor` spawns each service as ``python -m <module> <every option as a flag>``
 (optionally with its stdout/stderr in ``<log_dir>/<name>.log``), waits until a child answers the gRPC
-health check, watches for the first child to exit, and stops everything: SIGTERM to every child (the
-newest first), SIGKILL to any still running after a grace period, then whatever else it was given to
-stop (:meth:`Supervisor.adopt`, e.g. the nats-server). Its users are thin drivers that decide what to
-start in which order; restart policy is not this module's (yet).
+health check, and watches its children: with the ``on-failure`` policy a child that dies (a non-zero
+status or a signal) is started again with the same options (same ports, same worker id) after a
+backoff (0.5 s doubling to 8 s) while the others keep serving, until one dies more than
+``max_restarts`` times within ``restart_window`` seconds (a crash loop: the mesh gives up and exits
+non-zero); with ``never``, or when a child exits 0, the first exit stops everything. Stopping is
+SIGTERM to every child (the newest first), SIGKILL to any still running after a grace period, then
+whatever else it was given to stop (:meth:`Supervisor.adopt`, e.g. the nats-server).
 
-Lifecycle events (``mesh.child_started``, ``mesh.child_exited``, ``mesh.child_killed``) go to the
-logger passed in; a child that dies during start-up ends the start-up with :class:`RuntimeError`
-(the tail of its log file when it has one), a wait past its deadline with :class:`TimeoutError`.
+Lifecycle events (``mesh.child_started``, ``mesh.child_exited``, ``mesh.child_restarted``,
+``mesh.child_crash_loop``, ``mesh.child_killed``) go to the logger passed in; a child that dies during
+start-up ends the start-up with :class:`RuntimeError` (the tail of its log file when it has one), a wait
+past its deadline with :class:`TimeoutError`.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -30,6 +34,8 @@ from services.common.grpc_util import check_health, open_channel
 from services.launcher.specs import ServiceSpec, child_argv
 
 STOP_GRACE = 10.0  # seconds a child gets between SIGTERM and SIGKILL
+RESTART_POLICIES = ("on-failure", "never")
+BACKOFF_FIRST, BACKOFF_MAX = 0.5, 8.0  # seconds before a restart, doubling per restart inside the window
 POLL = 0.1  # seconds between two start-up checks
 LOG_TAIL = 2000  # characters of a dead child's log quoted in the start-up error
 
@@ -82,7 +88,9 @@ class Child:
     process: asyncio.subprocess.Process
     grpc_address: str
     log_path: Path | None = None
-    log_file: IO[bytes] | None = None
+    spec: ServiceSpec | None = None
+    settings: Any = None
+    restarts: list[float] = field(default_factory=list)  # event-loop times of its restarts
 
     def log_tail(self) -> str:
         if self.log_path is None or not self.log_path.is_file():
@@ -95,12 +103,19 @@ class Supervisor:
 
     ``log_dir``: each child's stdout/stderr go to ``<log_dir>/<name>.log`` (None: inherited).
     ``log``: the structlog logger of the lifecycle events (None: ``structlog.get_logger()``).
+    ``restart``: ``on-failure`` or ``never``; ``max_restarts`` per ``restart_window`` seconds before giving up.
     """
 
-    def __init__(self, *, log_dir: Path | None = None, log: Any = None, grace: float = STOP_GRACE) -> None:
+    def __init__(self, *, log_dir: Path | None = None, log: Any = None, grace: float = STOP_GRACE,
+                 restart: str = "never", max_restarts: int = 5, restart_window: float = 60.0) -> None:
+        if restart not in RESTART_POLICIES:
+            raise ValueError(f"restart policy {restart!r}: expected one of {', '.join(RESTART_POLICIES)}")
         self.log_dir = log_dir
         self.log = log if log is not None else structlog.get_logger()
         self.grace = grace
+        self.restart = restart
+        self.max_restarts = max_restarts
+        self.restart_window = restart_window
         self.children: list[Child] = []
         self._adopted: list[Stoppable] = []
 
@@ -110,17 +125,25 @@ class Supervisor:
 
     async def spawn(self, name: str, spec: ServiceSpec, settings: Any, grpc_address: str) -> Child:
         """Start ``python -m spec.module`` with every field of ``settings`` spelled out as a flag."""
-        log_path = log_file = None
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            log_path = self.log_dir / f"{name}.log"
-            log_file = log_path.open("wb")
-        process = await asyncio.create_subprocess_exec(sys.executable, *child_argv(spec, settings),
-                                                       stdout=log_file, stderr=log_file)
-        child = Child(name, process, grpc_address, log_path, log_file)
+        process = await self._start(name, spec, settings, append=False)
+        log_path = self.log_dir / f"{name}.log" if self.log_dir is not None else None
+        child = Child(name, process, grpc_address, log_path, spec=spec, settings=settings)
         self.children.append(child)
         self.log.info("mesh.child_started", name=name, pid=process.pid, address=grpc_address)
         return child
+
+    async def _start(self, name: str, spec: ServiceSpec, settings: Any, *, append: bool,
+                     ) -> asyncio.subprocess.Process:
+        log_file = None
+        if self.log_dir is not None:  # a restarted child's log follows its previous run's
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_file = (self.log_dir / f"{name}.log").open("ab" if append else "wb")
+        try:
+            return await asyncio.create_subprocess_exec(sys.executable, *child_argv(spec, settings),
+                                                        stdout=log_file, stderr=log_file)
+        finally:
+            if log_file is not None:
+                log_file.close()  # the child holds its own descriptor
 
     def check_alive(self) -> None:
         """Raise :class:`RuntimeError` if any child has exited (call while starting up)."""
@@ -145,17 +168,41 @@ class Supervisor:
                 await channel.close(None)
 
     async def watch(self, stop: asyncio.Event) -> int:
-        """Wait for ``stop`` (0) or for the first child to exit (1, logged as ``mesh.child_exited``)."""
-        waits = {asyncio.create_task(c.process.wait()): c for c in self.children}
+        """Run until ``stop`` (0) or until a child's exit ends the mesh (1): with ``never``, a child that
+        exits 0, or a crash loop. Other deaths restart the child (see module docstring)."""
+        loop = asyncio.get_running_loop()
         stopper = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
-        for task in [*waits, stopper]:
-            if task not in done:
+        waits = {asyncio.create_task(c.process.wait()): c for c in self.children}
+        try:
+            while True:
+                done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    return 0
+                for task in done:
+                    child = waits.pop(task)
+                    status = child.process.returncode
+                    self.log.error("mesh.child_exited", name=child.name, status=status, pid=child.process.pid)
+                    if self.restart == "never" or status == 0 or child.spec is None:
+                        return 1
+                    now = loop.time()
+                    child.restarts = [t for t in child.restarts if now - t < self.restart_window]
+                    if len(child.restarts) >= self.max_restarts:
+                        self.log.error("mesh.child_crash_loop", name=child.name, restarts=len(child.restarts),
+                                       window_s=self.restart_window)
+                        return 1
+                    backoff = min(BACKOFF_FIRST * 2 ** len(child.restarts), BACKOFF_MAX)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(stopper), backoff)
+                    if stop.is_set():
+                        return 0
+                    child.restarts.append(loop.time())
+                    child.process = await self._start(child.name, child.spec, child.settings, append=True)
+                    self.log.warning("mesh.child_restarted", name=child.name, pid=child.process.pid,
+                                     previous_status=status, restarts=len(child.restarts), backoff_s=backoff)
+                    waits[asyncio.create_task(child.process.wait())] = child
+        finally:
+            for task in [*waits, stopper]:
                 task.cancel()
-        dead = [waits[t] for t in done if t in waits]
-        for child in dead:
-            self.log.error("mesh.child_exited", name=child.name, status=child.process.returncode)
-        return 1 if dead else 0
 
     async def stop(self) -> None:
         """Stop every child (newest first), then what was adopted; safe to call again."""
@@ -163,9 +210,6 @@ class Supervisor:
         self.children.clear()
         for i in await terminate([c.process for c in children], self.grace):
             self.log.warning("mesh.child_killed", name=children[i].name)
-        for child in children:
-            if child.log_file is not None:
-                child.log_file.close()
         adopted, self._adopted = list(reversed(self._adopted)), []
         for other in adopted:
             await other.stop()

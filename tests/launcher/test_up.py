@@ -23,9 +23,9 @@ def child_pids(log: Path) -> dict[str, int]:
     return pids
 
 
-def test_a_dying_child_stops_the_mesh_with_nonzero_status(tmp_path: Path) -> None:
+def test_with_restart_never_a_dying_child_stops_the_mesh_with_nonzero_status(tmp_path: Path) -> None:
     log = tmp_path / "mesh.log"
-    with running_mesh(["--workers", "1", "--speedup", "100"], log) as mesh:
+    with running_mesh(["--workers", "1", "--speedup", "100", "--restart", "never"], log) as mesh:
         pids = child_pids(log)
         assert set(pids) == {"router", "worker-0", "parse", "gateway"}
         os.kill(pids["worker-0"], signal.SIGKILL)
