@@ -56,6 +56,9 @@ class ModelsApi:
     async def ready(self, request: Request) -> Response:
         try:
             info = await self._parse.get_model(fresh=True)
+            ready = await self._parse.ready()
         except errors.MeshError as exc:
             raise errors.UnavailableError(f"the parse service is not ready: {exc.message}") from exc
-        return JSONResponse({"status": "ready", "model": self._parse.public_name(info)})
+        if not ready.ready:
+            raise errors.UnavailableError(f"not ready: {ready.reason}")
+        return JSONResponse({"status": "ready", "model": self._parse.public_name(info), "workers": ready.workers})

@@ -89,6 +89,16 @@ class ParseClient:
         self._model, self._model_at = info, now
         return info
 
+    async def ready(self) -> parse_pb2.ReadyResponse:
+        """Whether a chat can be served now (the parse service asks the router for routable workers)."""
+        try:
+            with suppress_instrumentation():
+                reply: parse_pb2.ReadyResponse = await self._stub.Ready(parse_pb2.ReadyRequest(),
+                                                                       timeout=self._probe_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise errors.from_rpc_error(exc) from exc
+        return reply
+
     def public_name(self, info: chat_pb2.ModelInfo) -> str:
         """The model name clients see: the configured one, else the parse service's."""
         return self._served_name or info.served_model_name

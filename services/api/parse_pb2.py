@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services.api import chat_pb2 as services_dot_api_dot_chat__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18services/api/parse.proto\x12\x0eharnessmesh.v1\x1a\x17services/api/chat.proto\"u\n\x0fTokenizeRequest\x12+\n\x04\x63hat\x18\x01 \x01(\x0b\x32\x1b.harnessmesh.v1.ChatRequestH\x00\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\x42\x07\n\x05input\"N\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x10\n\x08rendered\x18\x03 \x01(\t\"&\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t2\xbb\x02\n\x05Parse\x12\x45\n\x04\x43hat\x12\x1b.harnessmesh.v1.ChatRequest\x1a\x1e.harnessmesh.v1.ChatEventBatch0\x01\x12M\n\x08Tokenize\x12\x1f.harnessmesh.v1.TokenizeRequest\x1a .harnessmesh.v1.TokenizeResponse\x12S\n\nDetokenize\x12!.harnessmesh.v1.DetokenizeRequest\x1a\".harnessmesh.v1.DetokenizeResponse\x12G\n\x08GetModel\x12 .harnessmesh.v1.ModelInfoRequest\x1a\x19.harnessmesh.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18services/api/parse.proto\x12\x0eharnessmesh.v1\x1a\x17services/api/chat.proto\"u\n\x0fTokenizeRequest\x12+\n\x04\x63hat\x18\x01 \x01(\x0b\x32\x1b.harnessmesh.v1.ChatRequestH\x00\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\x42\x07\n\x05input\"N\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x10\n\x08rendered\x18\x03 \x01(\t\"&\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x0e\n\x0cReadyRequest\"?\n\rReadyResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07workers\x18\x03 \x01(\x05\x32\x81\x03\n\x05Parse\x12\x45\n\x04\x43hat\x12\x1b.harnessmesh.v1.ChatRequest\x1a\x1e.harnessmesh.v1.ChatEventBatch0\x01\x12M\n\x08Tokenize\x12\x1f.harnessmesh.v1.TokenizeRequest\x1a .harnessmesh.v1.TokenizeResponse\x12S\n\nDetokenize\x12!.harnessmesh.v1.DetokenizeRequest\x1a\".harnessmesh.v1.DetokenizeResponse\x12G\n\x08GetModel\x12 .harnessmesh.v1.ModelInfoRequest\x1a\x19.harnessmesh.v1.ModelInfo\x12\x44\n\x05Ready\x12\x1c.harnessmesh.v1.ReadyRequest\x1a\x1d.harnessmesh.v1.ReadyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DETOKENIZEREQUEST']._serialized_end=306
   _globals['_DETOKENIZERESPONSE']._serialized_start=308
   _globals['_DETOKENIZERESPONSE']._serialized_end=342
-  _globals['_PARSE']._serialized_start=345
-  _globals['_PARSE']._serialized_end=660
+  _globals['_READYREQUEST']._serialized_start=344
+  _globals['_READYREQUEST']._serialized_end=358
+  _globals['_READYRESPONSE']._serialized_start=360
+  _globals['_READYRESPONSE']._serialized_end=423
+  _globals['_PARSE']._serialized_start=426
+  _globals['_PARSE']._serialized_end=811
 # @@protoc_insertion_point(module_scope)

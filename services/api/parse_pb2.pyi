@@ -116,3 +116,47 @@ class DetokenizeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DetokenizeResponse: _TypeAlias = DetokenizeResponse  # noqa: Y015
+
+@_typing.final
+class ReadyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadyRequest: _TypeAlias = ReadyRequest  # noqa: Y015
+
+@_typing.final
+class ReadyResponse(_message.Message):
+    """Whether a chat request can be served now: the router answers and lists at least one worker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    READY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    ready: _builtins.bool
+    reason: _builtins.str
+    """why not (empty when ready)"""
+    workers: _builtins.int
+    """routable workers the router lists"""
+    def __init__(
+        self,
+        *,
+        ready: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        workers: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ready", b"ready", "reason", b"reason", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadyResponse: _TypeAlias = ReadyResponse  # noqa: Y015

@@ -55,6 +55,11 @@ class ParseStub:
                 request_serializer=services_dot_api_dot_chat__pb2.ModelInfoRequest.SerializeToString,
                 response_deserializer=services_dot_api_dot_chat__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.Ready = channel.unary_unary(
+                '/harnessmesh.v1.Parse/Ready',
+                request_serializer=services_dot_api_dot_parse__pb2.ReadyRequest.SerializeToString,
+                response_deserializer=services_dot_api_dot_parse__pb2.ReadyResponse.FromString,
+                _registered_method=True)
 
 
 class ParseServicer:
@@ -84,6 +89,12 @@ class ParseServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ready(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParseServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +117,11 @@ def add_ParseServicer_to_server(servicer, server):
                     servicer.GetModel,
                     request_deserializer=services_dot_api_dot_chat__pb2.ModelInfoRequest.FromString,
                     response_serializer=services_dot_api_dot_chat__pb2.ModelInfo.SerializeToString,
+            ),
+            'Ready': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ready,
+                    request_deserializer=services_dot_api_dot_parse__pb2.ReadyRequest.FromString,
+                    response_serializer=services_dot_api_dot_parse__pb2.ReadyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +232,33 @@ class Parse:
             '/harnessmesh.v1.Parse/GetModel',
             services_dot_api_dot_chat__pb2.ModelInfoRequest.SerializeToString,
             services_dot_api_dot_chat__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ready(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/harnessmesh.v1.Parse/Ready',
+            services_dot_api_dot_parse__pb2.ReadyRequest.SerializeToString,
+            services_dot_api_dot_parse__pb2.ReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,

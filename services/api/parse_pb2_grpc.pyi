@@ -36,6 +36,7 @@ class ParseStub:
     Tokenize: _grpc.UnaryUnaryMultiCallable[_parse_pb2.TokenizeRequest, _parse_pb2.TokenizeResponse]
     Detokenize: _grpc.UnaryUnaryMultiCallable[_parse_pb2.DetokenizeRequest, _parse_pb2.DetokenizeResponse]
     GetModel: _grpc.UnaryUnaryMultiCallable[_chat_pb2.ModelInfoRequest, _chat_pb2.ModelInfo]
+    Ready: _grpc.UnaryUnaryMultiCallable[_parse_pb2.ReadyRequest, _parse_pb2.ReadyResponse]
 
 @_typing.type_check_only
 class ParseAsyncStub(ParseStub):
@@ -44,6 +45,7 @@ class ParseAsyncStub(ParseStub):
     Tokenize: _aio.UnaryUnaryMultiCallable[_parse_pb2.TokenizeRequest, _parse_pb2.TokenizeResponse]  # type: ignore[assignment]
     Detokenize: _aio.UnaryUnaryMultiCallable[_parse_pb2.DetokenizeRequest, _parse_pb2.DetokenizeResponse]  # type: ignore[assignment]
     GetModel: _aio.UnaryUnaryMultiCallable[_chat_pb2.ModelInfoRequest, _chat_pb2.ModelInfo]  # type: ignore[assignment]
+    Ready: _aio.UnaryUnaryMultiCallable[_parse_pb2.ReadyRequest, _parse_pb2.ReadyResponse]  # type: ignore[assignment]
 
 class ParseServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -73,5 +75,12 @@ class ParseServicer(metaclass=_abc_1.ABCMeta):
         request: _chat_pb2.ModelInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_chat_pb2.ModelInfo, _abc.Awaitable[_chat_pb2.ModelInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def Ready(
+        self,
+        request: _parse_pb2.ReadyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_parse_pb2.ReadyResponse, _abc.Awaitable[_parse_pb2.ReadyResponse]]: ...
 
 def add_ParseServicer_to_server(servicer: ParseServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

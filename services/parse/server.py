@@ -6,10 +6,11 @@ import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 
+import grpc
 import structlog
 
-from services.api import chat_pb2, parse_pb2_grpc
-from services.common.grpc_util import GrpcServer, open_mux_channel
+from services.api import chat_pb2, parse_pb2_grpc, router_pb2_grpc
+from services.common.grpc_util import GrpcServer, open_channel, open_mux_channel
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
 from services.common.mux import GenerateStub, MuxChannel, MuxMethod, method_name
@@ -30,6 +31,7 @@ class RunningParse:
 
     server: GrpcServer
     channel: MuxChannel
+    info_channel: grpc.aio.Channel
     model_format: ModelFormat
     metrics_server: MetricsServer | None = None
 
@@ -40,6 +42,7 @@ class RunningParse:
     async def stop(self, grace: float = 2.0) -> None:
         await self.server.stop(grace)
         await self.channel.close()
+        await self.info_channel.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
 
@@ -68,14 +71,16 @@ async def start(
     """Build and start a parse server (in-process use: tests, embedding); ``stop()`` it when done."""
     fmt = model_format or build_model_format(settings)
     channel = open_mux_channel(settings.router_address)
+    info_channel = open_channel(settings.router_address, tracing)
     tracer = tracing.tracer if tracing is not None else None
     metrics = ParseMetrics()
-    servicer = ParseService(fmt, ReusingStub(GenerateStub(channel, "Router")), tracer, metrics=metrics)
+    servicer = ParseService(fmt, ReusingStub(GenerateStub(channel, "Router")), tracer, metrics=metrics,
+                            router_info=router_pb2_grpc.RouterStub(info_channel))
     server = GrpcServer(tracing, settings.host, settings.port)
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})
     await server.start()
-    return RunningParse(server=server, channel=channel, model_format=fmt,
+    return RunningParse(server=server, channel=channel, info_channel=info_channel, model_format=fmt,
                         metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port))
 
 

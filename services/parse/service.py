@@ -12,7 +12,7 @@ import grpc
 import structlog
 from opentelemetry import trace
 
-from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, worker_pb2
+from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2
 from services.common import errors
 from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.model_dir import input_modalities
@@ -26,6 +26,8 @@ from services.parse.speculative import SpeculativePrefiller, TurnRecorder
 
 log = structlog.get_logger()
 
+READY_TIMEOUT = 1.0  # seconds the router gets to list its workers for a readiness check
+
 
 class ParseService(parse_pb2_grpc.ParseServicer):
     """Serves ``harnessmesh.v1.Parse`` for one model; the router stub is where tokens come from."""
@@ -38,10 +40,12 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         created: int | None = None,
         prefix_watch: PrefixWatch | None = None,
         metrics: ParseMetrics | None = None,
+        router_info: router_pb2_grpc.RouterStub | None = None,
     ) -> None:
         self.metrics = metrics or ParseMetrics()
         self._format = model_format
         self._router = router
+        self._router_info = router_info  # unary calls to the router (ListWorkers for Ready)
         self._tracer = tracer or trace.get_tracer("harnessmesh.parse")
         self._created = int(time.time()) if created is None else created
         self.speculative = SpeculativePrefiller(model_format, router)  # issue 5: speculative prefill hook
@@ -196,6 +200,21 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             created=self._created,
             input_modalities=input_modalities(fmt.model_dir.config),
         )
+
+
+    async def Ready(
+        self, request: parse_pb2.ReadyRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> parse_pb2.ReadyResponse:
+        if self._router_info is None:
+            return parse_pb2.ReadyResponse(ready=False, reason="no router is configured")
+        try:
+            listed = await self._router_info.ListWorkers(router_pb2.ListWorkersRequest(), timeout=READY_TIMEOUT)
+        except grpc.aio.AioRpcError as exc:
+            return parse_pb2.ReadyResponse(ready=False, reason=f"the router does not answer: {exc.code().name}")
+        workers = len(listed.workers)
+        if not workers:
+            return parse_pb2.ReadyResponse(ready=False, reason="no worker is routable (none has a live heartbeat)")
+        return parse_pb2.ReadyResponse(ready=True, workers=workers)
 
 
 def router_request(

@@ -69,6 +69,7 @@ class FakeParse(parse_pb2_grpc.ParseServicer):
 
     def __init__(self) -> None:
         self.script: list[chat_pb2.ChatEventBatch] = [batch(started(), text("hi"), finish(), usage(7, 1))]
+        self.readiness = parse_pb2.ReadyResponse(ready=True, workers=1)
         self.responder: Responder | None = None
         self.hang = False
         self.abort: tuple[grpc.StatusCode, str] | None = None
@@ -106,6 +107,9 @@ class FakeParse(parse_pb2_grpc.ParseServicer):
 
     async def GetModel(self, request: chat_pb2.ModelInfoRequest, context: Any) -> chat_pb2.ModelInfo:
         return self.model
+
+    async def Ready(self, request: parse_pb2.ReadyRequest, context: Any) -> parse_pb2.ReadyResponse:
+        return self.readiness
 
 
 async def start_fake_parse(fake: FakeParse) -> tuple[grpc.aio.Server, str]:

@@ -9,6 +9,7 @@ import httpx
 import openai
 
 from gateway.server import Gateway
+from services.api import parse_pb2
 from tests.gateway.fake_parse import FakeParse
 
 
@@ -48,6 +49,17 @@ async def test_health_and_ready(
         not_ready = await http.get(down.http_url + "/ready")
         assert not_ready.status_code == 503
         assert not_ready.json()["error"]["type"] == "service_unavailable"
+
+
+async def test_ready_is_503_with_the_reason_while_no_worker_is_routable(gateway: Gateway, fake: FakeParse) -> None:
+    fake.readiness = parse_pb2.ReadyResponse(ready=False, reason="no worker is routable (none has a live heartbeat)")
+    async with httpx.AsyncClient() as http:
+        not_ready = await http.get(gateway.http_url + "/ready")
+        assert not_ready.status_code == 503 and "no worker is routable" in not_ready.json()["error"]["message"]
+        assert (await http.get(gateway.http_url + "/health")).status_code == 200  # liveness is unaffected
+        fake.readiness = parse_pb2.ReadyResponse(ready=True, workers=2)
+        ready = await http.get(gateway.http_url + "/ready")
+        assert ready.status_code == 200 and ready.json()["workers"] == 2
 
 
 async def test_tokenize_messages_uses_chat_conversion(gateway: Gateway, fake: FakeParse) -> None:

@@ -9,10 +9,11 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc, router_pb2_grpc, worker_pb2
+from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2
 from services.common import mux, token_bytes
 from services.common.grpc_util import GrpcServer, open_channel
 from services.common.model_dir import load_model_dir
+from services.launcher.supervisor import free_port
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.server import RunningParse, start
@@ -30,6 +31,7 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
     """Streams whatever the current script yields and remembers the requests."""
 
     def __init__(self) -> None:
+        self.workers: list[worker_pb2.WorkerInfo] = []
         self.requests: list[worker_pb2.GenerateRequest] = []
         self.script: Script = scripted(OUTPUT)
 
@@ -40,7 +42,7 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
             yield frame
 
     async def ListWorkers(self, request: Any, context: Any) -> Any:
-        raise NotImplementedError
+        return router_pb2.ListWorkersResponse(workers=self.workers)
 
 
 def scripted(text: str, batch: int = 4, error_after: int | None = None, abort_after: int | None = None) -> Script:
@@ -267,3 +269,26 @@ async def test_session_turns_build_incrementally_and_are_counted() -> None:
         labels = {"build": build, "reason": reason}
         assert registry.get_sample_value("harnessmesh_parse_prompt_builds_total", labels) == 1
     assert registry.get_sample_value("harnessmesh_parse_prompt_reused_tokens_total") == prompts[1].reused_tokens
+
+
+async def test_ready_asks_the_router_for_routable_workers(
+    mesh: tuple[FakeRouter, parse_pb2_grpc.ParseStub, RunningParse],
+) -> None:
+    router, stub, _ = mesh
+    reply = await stub.Ready(parse_pb2.ReadyRequest())
+    assert not reply.ready and "no worker is routable" in reply.reason
+    router.workers = [worker_pb2.WorkerInfo(worker_id="w1", grpc_address="127.0.0.1:1")]
+    reply = await stub.Ready(parse_pb2.ReadyRequest())
+    assert reply.ready and reply.workers == 1 and not reply.reason
+
+
+async def test_ready_says_why_when_the_router_is_down() -> None:
+    fmt = ModelFormat(DEMO, max_model_len=4096)
+    parse = await start(ParseSettings(port=0, router_address=f"127.0.0.1:{free_port()}"), model_format=fmt)
+    channel = open_channel(parse.address, None)
+    try:
+        reply = await parse_pb2_grpc.ParseStub(channel).Ready(parse_pb2.ReadyRequest())
+        assert not reply.ready and "the router does not answer: UNAVAILABLE" in reply.reason
+    finally:
+        await channel.close()
+        await parse.stop(0)
