@@ -3,6 +3,7 @@ and the receiver rebuilds exactly the whole prompt, or refuses and gets it whole
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +22,7 @@ from services.common.prompt_reuse import (
     common_prefix_tokens,
     prompt_key,
 )
+from services.launcher.supervisor import free_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -158,7 +160,7 @@ async def send(stub: ReusingStub, ids: list[int], key: str) -> list[int]:
     return out
 
 
-async def test_a_session_over_a_hop_then_a_restarted_receiver_gets_the_whole_prompt_again() -> None:
+async def test_a_session_over_a_hop_then_a_receiver_that_lost_the_prefix_gets_the_whole_prompt_again() -> None:
     receiver = Receiver()
     server = await serve(receiver)
     channel = open_mux_channel(server.address)
@@ -170,15 +172,50 @@ async def test_a_session_over_a_hop_then_a_restarted_receiver_gets_the_whole_pro
             assert await send(stub, history, "s:x") == [len(history)]
             assert receiver.seen[-1] == history
         assert receiver.store.rebuilt == 2
-        await server.stop(0)
-        restarted = Receiver()
-        server = await serve(restarted, server.port)
+        receiver.store = PromptStore()  # evicted (or a restarted receiver)
         history = history + tokens(250, 30)
         assert await send(stub, history, "s:x") == [len(history)]  # refused, then sent whole
-        assert restarted.store.refused == 1 and restarted.seen == [history]
+        assert receiver.store.refused == 1 and receiver.seen[-1] == history
         history = history + tokens(250, 31)
         assert await send(stub, history, "s:x") == [len(history)]
-        assert restarted.store.rebuilt == 1
+        assert receiver.store.rebuilt == 1 and receiver.seen[-1] == history
     finally:
         await channel.close()
         await server.stop(0)
+
+
+async def test_unavailable_before_the_first_frame_is_retried_whole_until_the_receiver_is_back() -> None:
+    receiver = Receiver()
+    server = await serve(receiver)
+    port = server.port
+    channel = open_mux_channel(server.address)
+    stub = ReusingStub(mux.GenerateStub(channel, "Worker"), retry_unavailable=5.0)
+    try:
+        history = tokens(6_000, 40)
+        assert await send(stub, history, "s:y") == [len(history)]
+        await server.stop(0)
+        restarted = Receiver()
+
+        async def restart_later() -> GrpcServer:
+            await asyncio.sleep(0.5)  # the stream below fails UNAVAILABLE meanwhile, and is retried
+            return await serve(restarted, port)
+
+        restart = asyncio.create_task(restart_later())
+        history = history + tokens(300, 41)
+        assert await send(stub, history, "s:y") == [len(history)]
+        server = await restart
+        assert restarted.seen == [history] and stub.retries >= 1
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+async def test_without_a_retry_budget_unavailable_fails_at_once() -> None:
+    channel = open_mux_channel(f"127.0.0.1:{free_port()}")
+    stub = ReusingStub(mux.GenerateStub(channel, "Worker"))
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await send(stub, tokens(10, 1), "")
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE and stub.retries == 0
+    finally:
+        await channel.close()

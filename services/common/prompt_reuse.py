@@ -10,10 +10,16 @@ before anything reads it. A receiver that no longer holds the prefix (evicted, r
 prompt was stored under the key since) answers FAILED_PRECONDITION
 (:class:`~services.common.errors.PromptBaseUnknownError`), and :class:`ReusingCall` sends the whole
 prompt again, once, before its caller saw any frame. Both sides are LRU maps bounded in bytes.
+
+A :class:`ReusingStub` made with ``retry_unavailable`` > 0 (the parse service's, towards the router) also
+opens the stream again, whole, when it fails UNAVAILABLE before its first frame (the router restarting,
+its session dropped): with a doubling backoff, for at most that many seconds. Nothing reached the
+caller, and the receiver cancels what it had started of a stream whose session ended.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -161,11 +167,15 @@ class PromptSender:
 
 
 class ReusingStub:
-    """``Generate`` on one receiver with prompt reuse (see module docstring)."""
+    """``Generate`` on one receiver with prompt reuse, and retries before the first frame when
+    ``retry_unavailable`` > 0 (see module docstring)."""
 
-    def __init__(self, stub: GenerateStub, sender: PromptSender | None = None) -> None:
+    def __init__(self, stub: GenerateStub, sender: PromptSender | None = None, *,
+                 retry_unavailable: float = 0.0) -> None:
         self.stub = stub
         self.sender = sender or PromptSender()
+        self.retry_unavailable = retry_unavailable
+        self.retries = 0  # streams opened again after UNAVAILABLE
 
     def Generate(
         self, request: worker_pb2.GenerateRequest, *, key: str = "", timeout: float | None = None
@@ -186,20 +196,40 @@ class ReusingCall:
         self._key = key
         self._timeout = timeout
         self._call: MuxCall[worker_pb2.GenerateResponse] = stub.stub.Generate(request, timeout=timeout)
+        self._first = True
+        self._retry_until = asyncio.get_running_loop().time() + stub.retry_unavailable
 
     async def read(self) -> worker_pb2.GenerateResponse | Any:
-        try:
-            message = await self._call.read()
-        except grpc.aio.AioRpcError as exc:
-            if self._whole is None or exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                raise
+        if not self._first:
+            return await self._call.read()
+        backoff = 0.05
+        while True:
+            try:
+                message = await self._call.read()
+                break
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.FAILED_PRECONDITION and self._whole is not None:
+                    pass  # the receiver does not hold the prefix: send the whole prompt
+                elif code == grpc.StatusCode.UNAVAILABLE and self._time_left() > backoff:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                    self._stub.retries += 1
+                else:
+                    raise
+                self._resend_whole()
+        self._first = False  # a frame (or the end) came: no resend after this
+        return message
+
+    def _time_left(self) -> float:
+        return self._retry_until - asyncio.get_running_loop().time()
+
+    def _resend_whole(self) -> None:
+        if self._whole is not None:
             self._request.ClearField("prompt_base")
             self._request.token_ids_u32 = self._whole
             self._whole = None
-            self._call = self._stub.stub.Generate(self._request, timeout=self._timeout)
-            message = await self._call.read()
-        self._whole = None  # a frame (or the end) came: the receiver had the prompt
-        return message
+        self._call = self._stub.stub.Generate(self._request, timeout=self._timeout)
 
     async def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
         while (message := await self.read()) is not grpc.aio.EOF:

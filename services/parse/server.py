@@ -74,8 +74,8 @@ async def start(
     info_channel = open_channel(settings.router_address, tracing)
     tracer = tracing.tracer if tracing is not None else None
     metrics = ParseMetrics()
-    servicer = ParseService(fmt, ReusingStub(GenerateStub(channel, "Router")), tracer, metrics=metrics,
-                            router_info=router_pb2_grpc.RouterStub(info_channel))
+    router = ReusingStub(GenerateStub(channel, "Router"), retry_unavailable=settings.router_retry)
+    servicer = ParseService(fmt, router, tracer, metrics=metrics, router_info=router_pb2_grpc.RouterStub(info_channel))
     server = GrpcServer(tracing, settings.host, settings.port)
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})

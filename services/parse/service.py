@@ -22,6 +22,7 @@ from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
 from services.parse.prefix_watch import PrefixBreak, PrefixWatch, session_key
+from services.parse.router_stream import ResumingRouterStream
 from services.parse.speculative import SpeculativePrefiller, TurnRecorder
 
 log = structlog.get_logger()
@@ -95,7 +96,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             spec_worker = ""
             session = session_key(request.identity)
             watched = self._prefix_watch.begin(session, prompt.token_ids)  # prefix-break report
-            call = self._router.Generate(generate, key=prompt_key(session, generate.token_ids_u32))
+            call = ResumingRouterStream(self._router, generate, key=prompt_key(session, generate.token_ids_u32),
+                                        retry=self._router.retry_unavailable)
             sent = finished = False
             error: MeshError | None = None
             try:

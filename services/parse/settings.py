@@ -26,6 +26,9 @@ class ParseSettings(CommonSettings):
     tool_parser: str = option("", "Tool-call parser of the model's output (empty: none).", shared=True,
                               choices=("", *TOOL_PARSERS))
     max_model_len: int = option(0, "Context length in tokens (0: from the model's config).")
+    router_retry: float = option(
+        5.0, "Seconds to keep retrying a router stream that fails unavailable before its first token (a "
+        "router restarting); 0: fail at once.")
     strip_billing_header: bool = option(
         True, "Drop Claude Code's per-session 'x-anthropic-billing-header:' lines so prompts keep a stable prefix.")
 
@@ -46,6 +49,8 @@ class ParseSettings(CommonSettings):
                 self.template_clock()
             except ValueError:
                 raise ValueError(f"template_now {self.template_now!r} is not an ISO time") from None
+        if self.router_retry < 0:
+            raise ValueError("router_retry must not be negative")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is out of range")
         if self.max_model_len < 0:

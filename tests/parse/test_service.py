@@ -71,7 +71,10 @@ def scripted(text: str, batch: int = 4, error_after: int | None = None, abort_af
 
 
 @pytest.fixture
-async def mesh() -> AsyncIterator[tuple[FakeRouter, parse_pb2_grpc.ParseStub, RunningParse]]:
+async def mesh(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[FakeRouter, parse_pb2_grpc.ParseStub, RunningParse]]:
+    router_retry = getattr(request, "param", 5.0)  # ``indirect`` parametrization sets --router-retry
     router = FakeRouter()
     router_server = GrpcServer(None, "127.0.0.1", 0)
     router_pb2_grpc.add_RouterServicer_to_server(router, router_server.server)
@@ -79,7 +82,8 @@ async def mesh() -> AsyncIterator[tuple[FakeRouter, parse_pb2_grpc.ParseStub, Ru
                            mux.MuxMethod(router.Generate, worker_pb2.GenerateRequest)})
     await router_server.start()
     fmt = ModelFormat(DEMO, reasoning_parser="qwen3", tool_parser="hermes", max_model_len=4096)
-    parse = await start(ParseSettings(port=0, router_address=router_server.address), model_format=fmt)
+    parse = await start(ParseSettings(port=0, router_address=router_server.address, router_retry=router_retry),
+                        model_format=fmt)
     channel = open_channel(parse.address, None)
     try:
         yield router, parse_pb2_grpc.ParseStub(channel), parse
@@ -157,6 +161,7 @@ async def test_router_error_mid_stream_is_in_band(mesh: tuple[FakeRouter, Any, R
     assert not any(e.HasField("finish") for e in events)
 
 
+@pytest.mark.parametrize("mesh", [0.0], indirect=True)  # no retry budget
 async def test_router_abort_mid_stream_is_in_band(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
     router, stub, _ = mesh
     router.script = scripted(OUTPUT, abort_after=2)
@@ -292,3 +297,48 @@ async def test_ready_says_why_when_the_router_is_down() -> None:
     finally:
         await channel.close()
         await parse.stop(0)
+
+
+async def test_a_router_lost_mid_stream_is_continued_with_the_tokens_so_far(
+    mesh: tuple[FakeRouter, Any, RunningParse],
+) -> None:
+    router, stub, _ = mesh
+    ids = [*DEMO.tokenizer.encode(OUTPUT, add_special_tokens=False).ids, DEMO.eos_token_ids[0]]
+    calls = 0
+
+    async def script(request: worker_pb2.GenerateRequest, context: Any) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the router dies after 8 tokens
+            first = worker_pb2.GenerateResponse(token_ids=ids[:4])
+            first.prompt.CopyFrom(worker_pb2.PromptInfo(prompt_tokens=token_bytes.count(request.token_ids_u32),
+                                                        cached_tokens=3, worker_id="w1"))
+            yield first
+            yield worker_pb2.GenerateResponse(token_ids=ids[4:8])
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
+        done = token_bytes.count(request.token_ids_u32) - token_bytes.count(router.requests[0].token_ids_u32)
+        rest = ids[done:]
+        again = worker_pb2.GenerateResponse(token_ids=rest[:4])
+        again.prompt.CopyFrom(worker_pb2.PromptInfo(prompt_tokens=token_bytes.count(request.token_ids_u32),
+                                                    cached_tokens=99, worker_id="w2"))
+        yield again
+        last = worker_pb2.GenerateResponse(token_ids=rest[4:], finish_reason=common_pb2.FINISH_REASON_STOP)
+        last.usage.CopyFrom(common_pb2.Usage(prompt_tokens=token_bytes.count(request.token_ids_u32),
+                                             completion_tokens=len(rest), cached_tokens=99))
+        yield last
+
+    router.script = script
+    events = [e for b in await collect(stub, chat_request(sampling=common_pb2.SamplingParams(max_tokens=200)))
+              for e in b.events]
+    first, resumed = router.requests
+    assert token_bytes.unpack(resumed.token_ids_u32) == token_bytes.unpack(first.token_ids_u32) + ids[:8]
+    assert resumed.sampling.max_tokens == first.sampling.max_tokens - 8
+    assert [e.WhichOneof("event") for e in events].count("started") == 1
+    assert not any(e.HasField("error") for e in events)
+    text = "".join(e.reasoning_delta.text for e in events if e.HasField("reasoning_delta"))
+    assert text.strip() == "Need the weather."  # every token once, in order, across the two streams
+    (call,) = [e.tool_call_dispatch for e in events if e.HasField("tool_call_dispatch")]
+    assert call.call.name == "get_weather" and '"Paris"' in call.call.arguments_json
+    (usage,) = [e.usage for e in events if e.HasField("usage")]
+    assert usage.completion_tokens == len(ids)  # 8 from the lost stream + the rest
+    assert usage.prompt_tokens == token_bytes.count(first.token_ids_u32) and usage.cached_tokens == 3
