@@ -13,6 +13,7 @@ with :func:`new_request_id`, so the boundary names the id the mesh's logs carry.
 
 from __future__ import annotations
 
+import math
 import uuid
 
 import structlog
@@ -49,3 +50,10 @@ def public_error(exc: BaseException, request_id: str) -> errors.MeshError:
     public = errors.InternalError(f"internal error (request id: {request_id})")
     public.__cause__ = mesh
     return public
+
+
+def retry_after_header(error: errors.MeshError) -> dict[str, str]:
+    """``retry-after`` (whole seconds) for an overload refusal, in every API's shape; nothing otherwise."""
+    if isinstance(error, errors.OverloadedError):
+        return {"retry-after": str(max(1, math.ceil(error.retry_after)))}
+    return {}

@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Mapping
 import grpc
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
+from gateway.admission import Admission
 from gateway.turn_tracking import TurnTracker
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
 from services.common import errors
@@ -36,7 +37,9 @@ class ParseClient:
         aliases: Mapping[str, str] | None = None,
         turns: TurnTracker | None = None,
         streams: MuxChannel | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        self.admission = admission or Admission()
         self._stub = parse_pb2_grpc.ParseStub(channel)
         # Chat streams on the parse service's mux session when given (the mesh), else one call each.
         self._chat = (streams.unary_stream(CHAT, chat_pb2.ChatEventBatch.FromString) if streams is not None
@@ -51,7 +54,12 @@ class ParseClient:
         self.aliases: dict[str, str] = dict(aliases or {})  # --model-alias NAME=SERVED
 
     async def chat(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
-        """Stream the parse service's event batches for ``request``."""
+        """Stream the parse service's event batches for ``request`` (once admitted: see ``gateway.admission``)."""
+        async with self.admission.slot(request.hints.priority):
+            async for batch in self._chat_stream(request):
+                yield batch
+
+    async def _chat_stream(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
         turn = self.turns.begin(request) if self.turns is not None else None
         with turn.attached() if turn is not None else contextlib.nullcontext():
             call = self._chat(request, timeout=self._timeout)

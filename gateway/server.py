@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import structlog
 import uvicorn
 
+from gateway.admission import Admission
 from gateway.apis.grpc_edge.service import AgentServicer
 from gateway.app import create_app
 from gateway.metrics import GatewayMetrics
@@ -43,6 +44,12 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def admission_of(settings: GatewaySettings) -> Admission:
+    queued = settings.max_queued_requests
+    return Admission(settings.max_concurrent_requests,
+                     settings.max_concurrent_requests if queued < 0 else queued, settings.max_queue_wait)
+
+
 class Gateway:
     """The running gateway: HTTP edge + gRPC edge over one channel to the parse service.
 
@@ -61,7 +68,7 @@ class Gateway:
         self.parse = ParseClient(
             self._channel, timeout=settings.request_timeout, served_model_name=settings.served_model_name,
             aliases=settings.model_aliases(), turns=TurnTracker(tracer, self.metrics, self.records),
-            streams=self._streams,
+            streams=self._streams, admission=admission_of(settings),
         )
         self.app = create_app(self.parse, settings, tracer, self.metrics)
         self._metrics_server: MetricsServer | None = None

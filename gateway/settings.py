@@ -28,6 +28,12 @@ class GatewaySettings(CommonSettings):
         False, "Chat completions streams also send each tool call, the moment its arguments are complete, as "
         "an 'event: tool_call_dispatch' SSE event (its data a valid chunk with empty choices).")
     request_timeout: float = option(600.0, "Deadline in seconds of one request to the parse service.")
+    max_concurrent_requests: int = option(
+        0, "Chat turns served at once (0: no limit; `harnessmesh up` sets workers x max-num-seqs). Beyond "
+        "it turns wait (see --max-queued-requests) or are refused: 429 / 529 / RESOURCE_EXHAUSTED with retry-after.")
+    max_queued_requests: int = option(
+        -1, "Chat turns that may wait for a slot, highest priority first (-1: as many as --max-concurrent-requests).")
+    max_queue_wait: float = option(10.0, "Seconds a turn may wait for a slot before it is refused.")
     enable_anthropic_api: bool = option(
         True, "Serve the Anthropic Messages API (POST /v1/messages, POST /v1/messages/count_tokens).")
     strip_anthropic_preamble: bool = option(
@@ -66,6 +72,10 @@ class GatewaySettings(CommonSettings):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"{name} must be in 0..65535, got {port}")
+        if self.max_concurrent_requests < 0:
+            raise ValueError("max_concurrent_requests must not be negative")
+        if self.max_queue_wait <= 0:
+            raise ValueError("max_queue_wait must be positive")
         if self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
         self.model_aliases()

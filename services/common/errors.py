@@ -7,6 +7,8 @@ its category across hops. The gateway maps the same categories to each HTTP API'
 
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Any
 
 import grpc
@@ -59,6 +61,20 @@ class UnavailableError(MeshError):
     http_status = 503
 
 
+class OverloadedError(UnavailableError):
+    """Refused at admission: more requests are running and waiting than the mesh takes; retry later.
+
+    ``retry_after``: seconds the client should wait (each API sends it as ``retry-after``).
+    """
+
+    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 429
+
+    def __init__(self, message: str, *, param: str = "", retry_after: float = 1.0) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = retry_after
+
+
 class UnauthenticatedError(MeshError):
     """Missing or wrong API key."""
 
@@ -103,10 +119,11 @@ _BY_CODE: dict[int, type[MeshError]] = {
 _BY_STATUS: dict[grpc.StatusCode, type[MeshError]] = {cls.grpc_status: cls for cls in _BY_CODE.values()}
 _BY_STATUS[grpc.StatusCode.DEADLINE_EXCEEDED] = UnavailableError
 _BY_STATUS[grpc.StatusCode.FAILED_PRECONDITION] = PromptBaseUnknownError
-_BY_STATUS[grpc.StatusCode.RESOURCE_EXHAUSTED] = UnavailableError
+_BY_STATUS[grpc.StatusCode.RESOURCE_EXHAUSTED] = OverloadedError
 
 # gRPC trailing-metadata key carrying the offending field, so `param` survives a hop.
 PARAM_METADATA_KEY = "harnessmesh-error-param"
+RETRY_AFTER_METADATA_KEY = "retry-after"  # seconds, on RESOURCE_EXHAUSTED
 
 
 def to_proto(error: MeshError) -> common_pb2.Error:
@@ -131,20 +148,31 @@ def as_mesh_error(exc: BaseException) -> MeshError:
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> MeshError:
     cls = _BY_STATUS.get(exc.code(), InternalError)
-    param = ""
+    param, retry_after = "", 1.0
     for key, value in exc.trailing_metadata() or ():
+        text = value if isinstance(value, str) else value.decode()
         if key == PARAM_METADATA_KEY:
-            param = value if isinstance(value, str) else value.decode()
+            param = text
+        elif key == RETRY_AFTER_METADATA_KEY:
+            with contextlib.suppress(ValueError):
+                retry_after = float(text)
     details = exc.details() or exc.code().name
     if exc.code() == grpc.StatusCode.UNAVAILABLE and cls is UnavailableError and "failed to connect" in details:
         details = "a downstream service is unreachable: " + details
     err = cls(details, param=param)
+    if isinstance(err, OverloadedError):
+        err.retry_after = retry_after
     err.__cause__ = exc
     return err
 
 
 async def abort_with(context: Any, error: MeshError) -> None:
     """End an RPC with the error's gRPC status (before any stream frame was sent)."""
+    trailing: list[tuple[str, str]] = []
     if error.param:
-        context.set_trailing_metadata(((PARAM_METADATA_KEY, error.param),))
+        trailing.append((PARAM_METADATA_KEY, error.param))
+    if isinstance(error, OverloadedError):
+        trailing.append((RETRY_AFTER_METADATA_KEY, str(max(1, math.ceil(error.retry_after)))))
+    if trailing:
+        context.set_trailing_metadata(tuple(trailing))
     await context.abort(error.grpc_status, error.message)

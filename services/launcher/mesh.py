@@ -76,6 +76,7 @@ class Mesh:
         host = self.values.get("host") or "127.0.0.1"
         gateway = await self.supervisor.spawn("gateway", GATEWAY, self._settings(GATEWAY.settings_class(), {
             "http_port": http_port, "grpc_port": grpc_port, "parse_address": parse_addr, "host": host,
+            "max_concurrent_requests": self._max_concurrent(),
         }), f"127.0.0.1:{grpc_port}")
         await self.supervisor.wait_healthy([gateway], deadline)
         await self._wait_http_ready(http_port, deadline)
@@ -87,6 +88,11 @@ class Mesh:
             metrics={"gateway": f"http://127.0.0.1:{http_port}/metrics", **self.metrics},
         )
         return self.endpoints
+
+    def _max_concurrent(self) -> int:
+        """The gateway's admission limit: as given, else what the workers batch at once."""
+        given = int(self.values.get("max_concurrent_requests") or 0)
+        return given or self.launcher.workers * int(self.values.get("max_num_seqs") or 64)
 
     def _settings(self, cls: type[Any], overrides: dict[str, Any]) -> Any:
         return build_settings(cls, self.values, overrides)

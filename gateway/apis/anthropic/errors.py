@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 
+from gateway.boundary import retry_after_header
 from services.common import errors
 
 # (error class, Anthropic type, HTTP status); the most specific class first.
@@ -56,7 +57,7 @@ def error_body(error: errors.MeshError, request_id: str = "") -> dict[str, Any]:
 def error_response(error: errors.MeshError, request_id: str = "") -> JSONResponse:
     """An Anthropic-shaped JSON error response with the category's status."""
     _, status = _shape(error)
-    return JSONResponse(error_body(error, request_id), status_code=status)
+    return JSONResponse(error_body(error, request_id), status_code=status, headers=retry_after_header(error))
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
+from gateway.boundary import retry_after_header
 from services.common import errors
 
 # (type, code) per error class; the most specific class wins (ContextLengthError before InvalidRequest).
@@ -19,6 +20,7 @@ _SHAPES: tuple[tuple[type[errors.MeshError], str, str | None], ...] = (
     (errors.ContextLengthError, "invalid_request_error", "context_length_exceeded"),
     (errors.InvalidRequestError, "invalid_request_error", None),
     (errors.NotFoundError, "not_found_error", "model_not_found"),
+    (errors.OverloadedError, "rate_limit_error", "overloaded"),
     (errors.UnavailableError, "service_unavailable", "service_unavailable"),
     (errors.UnauthenticatedError, "authentication_error", "invalid_api_key"),
     (errors.RequestCancelledError, "cancelled", "cancelled"),
@@ -38,7 +40,7 @@ def error_body(error: errors.MeshError) -> dict[str, Any]:
 
 def error_response(error: errors.MeshError) -> JSONResponse:
     """An OpenAI-shaped JSON error response with the category's status."""
-    return JSONResponse(error_body(error), status_code=error.http_status)
+    return JSONResponse(error_body(error), status_code=error.http_status, headers=retry_after_header(error))
 
 
 def _loc_to_param(loc: tuple[int | str, ...]) -> str:
