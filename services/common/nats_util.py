@@ -43,3 +43,16 @@ async def connect_nats(url: str, name: str, timeout: float = STARTUP_TIMEOUT) ->
         with contextlib.suppress(BaseException):
             await attempt
         raise UnavailableError(f"cannot reach NATS at {url} within {timeout:.0f}s (is nats-server running?)") from None
+
+
+async def close_nats(nc: Any, timeout: float = 2.0) -> None:
+    """Flush and close ``nc`` at shutdown whatever state NATS is in (a nats-server stopped first, in any
+    signal order): drain when connected, else close; never raises."""
+    try:
+        if nc.is_connected:
+            await asyncio.wait_for(nc.drain(), timeout)
+            return
+    except Exception as exc:  # reconnecting, closed, timed out: closing is all that is left to do
+        log.info("nats.drain_skipped", reason=f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(Exception):
+        await nc.close()

@@ -18,7 +18,7 @@ from services.api import router_pb2_grpc, worker_pb2
 from services.common import mux, prompt_reuse
 from services.common.grpc_util import GrpcServer
 from services.common.metrics import MetricsServer, serve_metrics
-from services.common.nats_util import connect_nats
+from services.common.nats_util import close_nats, connect_nats
 from services.common.tracing import Tracing
 from services.router.admission import AdmissionQueue
 from services.router.index import KvIndex
@@ -57,7 +57,7 @@ class RunningRouter:
         await self.server.stop(1.0)
         await self.consumer.stop()
         await self.channels.close_all()
-        await self.nc.drain()
+        await close_nats(self.nc)
         log.info("router.stopped")
 
 

@@ -22,7 +22,7 @@ from services.common import mux, prompt_reuse
 from services.common.grpc_util import GrpcServer
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
-from services.common.nats_util import connect_nats
+from services.common.nats_util import close_nats, connect_nats
 from services.common.tracing import Tracing
 from services.worker import convert
 from services.worker.engine import Engine
@@ -62,8 +62,7 @@ class RunningWorker:
         await self.engine.close()
         with contextlib.suppress(Exception):
             await self.publisher.close()
-        with contextlib.suppress(Exception):
-            await self.nc.drain()
+        await close_nats(self.nc)
         log.info("worker.stopped", worker_id=self.worker_id)
 
 
