@@ -239,3 +239,20 @@ async def test_linger_spaces_plain_frames_but_never_delays_a_first_frame_or_an_e
     finally:
         await channel.close()
         await server.stop(0)
+
+
+async def test_heartbeats_keep_a_slow_stream_alive_past_the_liveness_window() -> None:
+    async def slow(request: worker_pb2.GenerateRequest, context: Any) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        await asyncio.sleep(mux.LIVENESS * 2.5)  # queued behind a long prefill: silent, but alive
+        yield worker_pb2.GenerateResponse(token_ids=[7])
+
+    server = GrpcServer(None, "127.0.0.1", 0)
+    server.add_mux({GENERATE: mux.MuxMethod(slow, worker_pb2.GenerateRequest)})
+    await server.start()
+    channel = open_mux_channel(server.address)
+    try:
+        assert await collect(mux.GenerateStub(channel, "Worker").Generate(request("slow", 1))) == [7]
+        assert channel._session is not None and channel._session.batches_read >= 4  # heartbeats came
+    finally:
+        await channel.close()
+        await server.stop(0)

@@ -46,6 +46,11 @@ Handler = Callable[[Any, Any], AsyncIterator[Message]]
 SERVICE_NAME = "harnessmesh.v1.Mux"
 # Least time between two batches of plain frames on a session: 2,000 batches/s at most per peer.
 DEFAULT_LINGER = 0.0005
+# A server with open streams writes at least every HEARTBEAT seconds (an empty batch when it has nothing
+# else); a client whose open streams heard nothing for LIVENESS seconds fails them UNAVAILABLE: a hung
+# peer (SIGSTOP, a blocked loop) costs its streams about a second, and they go elsewhere.
+HEARTBEAT = 0.25
+LIVENESS = 1.0
 
 
 def method_name(service: str, method: str) -> str:
@@ -98,9 +103,10 @@ class _Outbox:
     def _linger_over(self) -> None:
         self._notify(True)
 
-    async def take(self) -> tuple[list[mux_pb2.MuxFrame], asyncio.Future[None]] | None:
+    async def take(self, idle: float | None = None) -> tuple[list[mux_pb2.MuxFrame], asyncio.Future[None]] | None:
         """Every frame waiting (waits for one, see the class docstring) and the future to resolve
-        once they are written; ``None`` once closed."""
+        once they are written; no frames after ``idle`` seconds with nothing to send; ``None`` once closed."""
+        idle_at = None if idle is None else self._loop.time() + idle
         while True:
             timer: asyncio.TimerHandle | None = None
             if self._frames:
@@ -110,7 +116,11 @@ class _Outbox:
                 timer = self._loop.call_later(wait, self._linger_over)
             elif self._closed:
                 return None
-            self._lingering = timer is not None
+            elif idle_at is not None:
+                if self._loop.time() >= idle_at:
+                    return [], self._loop.create_future()
+                timer = self._loop.call_at(idle_at, self._linger_over)
+            self._lingering = bool(self._frames) and timer is not None
             self._wake = self._loop.create_future()
             try:
                 await self._wake
@@ -171,6 +181,10 @@ class _ServerSession:
         self._methods = methods
         self._peer = peer
         self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    @property
+    def has_streams(self) -> bool:
+        return bool(self._tasks)
 
     async def read(self, requests: AsyncIterator[mux_pb2.MuxBatch]) -> None:
         try:
@@ -239,8 +253,10 @@ class MuxServer(mux_pb2_grpc.MuxServicer):
         session = _ServerSession(self._methods, context.peer(), self._linger)
         reader = asyncio.create_task(session.read(request_iterator), name="mux-session-reader")
         try:
-            while (taken := await session.outbox.take()) is not None:
+            while (taken := await session.outbox.take(idle=HEARTBEAT)) is not None:
                 frames, written = taken
+                if not frames and not session.has_streams:
+                    continue  # idle: a heartbeat only tells waiting streams the peer is alive
                 yield mux_pb2.MuxBatch(frames=frames)
                 written.set_result(None)
         finally:
@@ -337,22 +353,36 @@ class MuxCall(Generic[Response]):
             self._waiter.set_result(None)
 
 
+def _session_lost(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """A failed session as its streams see it: the peer is unavailable (a server never ends a session on
+    purpose; grpc reports a broken one as UNAVAILABLE, CANCELLED or a core INTERNAL error on a write)."""
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return exc
+    return rpc_error(grpc.StatusCode.UNAVAILABLE, f"the mux session was lost: {exc.code().name} {exc.details()}")
+
+
 class _ClientSession:
     """One ``Mux/Session`` call: a writer task for open/cancel frames, a reader task for the rest."""
 
-    def __init__(self, stub: mux_pb2_grpc.MuxStub) -> None:
+    def __init__(self, stub: mux_pb2_grpc.MuxStub, liveness: float = LIVENESS) -> None:
         self.closed = False
         self.batches_read = 0  # gRPC messages received (each a batch of frames)
+        self._loop = asyncio.get_running_loop()
+        self._liveness = liveness
+        self._last_heard = self._loop.time()
         self._call = stub.Session()
         self._outbox = _Outbox()
         self._streams: dict[int, MuxCall[Any]] = {}
         self._ids = itertools.count(1)
         self._tasks = (asyncio.create_task(self._write(), name="mux-session-writer"),
-                       asyncio.create_task(self._read(), name="mux-session-reader"))
+                       asyncio.create_task(self._read(), name="mux-session-reader"),
+                       asyncio.create_task(self._watch(), name="mux-session-watchdog"))
 
     def open(self, method: str, request: bytes, decode: Callable[[bytes], Response],
              timeout: float | None) -> MuxCall[Response]:
         stream = next(self._ids)
+        if not self._streams:
+            self._last_heard = self._loop.time()  # the peer owes us nothing while no stream is open
         call = MuxCall(self, stream, decode, timeout)
         self._streams[stream] = call
         metadata: dict[str, str] = {}
@@ -384,7 +414,7 @@ class _ClientSession:
                 await self._call.write(mux_pb2.MuxBatch(frames=frames))
                 written.set_result(None)
         except grpc.aio.AioRpcError as exc:
-            self._fail(exc)
+            self._fail(_session_lost(exc))
         except asyncio.InvalidStateError:  # the call ended under the writer; the reader reports why
             pass
 
@@ -395,6 +425,7 @@ class _ClientSession:
                 if batch is grpc.aio.EOF:
                     break
                 self.batches_read += 1
+                self._last_heard = self._loop.time()
                 streams = self._streams
                 for frame in batch.frames:
                     call = streams.get(frame.stream)
@@ -405,9 +436,19 @@ class _ClientSession:
                     else:
                         call.end(frame.end)
         except grpc.aio.AioRpcError as exc:
-            self._fail(exc)
+            self._fail(_session_lost(exc))
             return
         self._fail(rpc_error(grpc.StatusCode.UNAVAILABLE, "the peer ended the mux session"))
+
+    async def _watch(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(self._liveness / 4)
+            silent = self._loop.time() - self._last_heard
+            if self._streams and silent > self._liveness:
+                self._fail(rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                     f"the peer sent nothing for {silent:.1f} s with streams open (hung?)"))
+                self._call.cancel()
+                return
 
     def _fail(self, error: grpc.aio.AioRpcError) -> None:
         if self.closed:
