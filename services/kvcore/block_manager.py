@@ -31,7 +31,7 @@ from services.common.block_hash import chain, extend_hashes, local_block_hashes,
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 
 
-@dataclass
+@dataclass(slots=True)
 class _Block:
     block_id: int
     block_hash: int | None = None  # None while partial
@@ -50,20 +50,22 @@ class _Probe:
 
 
 class KvSequence:
-    """One request's block table: the tokens whose KV it holds, its full blocks and partial block.
+    """One request's block table: how many tokens' KV it holds, its full blocks and partial block.
 
     A sequence belongs to one token stream that only grows (a request's prompt, then its generated
     tokens; a recompute after preemption feeds the same tokens again): every ``token_ids`` given to
     :meth:`BlockManager.acquire_prefix` / :meth:`BlockManager.append` continues or repeats that stream.
     ``known`` caches the stream's chained block hashes (``hashes`` is always a prefix of it); it survives
     :meth:`BlockManager.free`, and a caller that hashed the prompt already (the router's placement in the
-    simulator) passes them in as ``known`` so nothing is hashed twice.
+    simulator) passes them in as ``known`` so nothing is hashed twice. Of the tokens themselves only the
+    ``tail`` past the last full block is kept (a block whose hash is not known yet is hashed from it).
     """
 
     def __init__(self, salt: str = "", known: list[int] | None = None) -> None:
         self.salt = salt
         self.seed = seed_for(salt)
-        self.tokens: list[int] = []
+        self.length = 0                   # tokens whose KV it holds
+        self.tail: list[int] = []         # the last ``length - len(hashes) * block_size`` of them
         self.hashes: list[int] = []       # sequence hashes of the full blocks it references
         self.partial: _Block | None = None
         self.known: list[int] = known if known is not None else []  # hashes of the stream's full blocks
@@ -140,26 +142,29 @@ class BlockManager:
         At least one token is always left to compute (as in vLLM), so a fully cached prompt reports
         ``len - 1`` rounded down to whole blocks.
         """
-        if seq.tokens or seq.partial is not None:
+        if seq.length or seq.partial is not None:
             raise ValueError("acquire_prefix needs an empty sequence")
         full = self._full
         prefix = self._prefix_hashes(seq, token_ids)
         hits = list(map(full.__contains__, prefix))  # C-speed scans: a 100k-token prompt has thousands of blocks
         matched = hits.index(False) if not all(hits) else len(hits)
         hashes = prefix[:matched]
-        blocks = list(map(full.__getitem__, hashes))
-        # What _ref does block by block, in bulk: the unreferenced ones leave the LRU list, then every
-        # block gains a reference.
-        leaving = [h for h, block in zip(hashes, blocks, strict=True) if not block.ref_count]
+        # What _ref does block by block, in bulk: every block gains a reference, the unreferenced ones leave
+        # the LRU list.
+        leaving: list[int] = []
+        for h in hashes:
+            block = full[h]
+            if not block.ref_count:
+                leaving.append(h)
+            block.ref_count += 1
         if leaving:
             deque(map(self._inactive.pop, leaving, repeat(None)), maxlen=0)
             if self._watch and not self._watch.isdisjoint(leaving):
                 self._probe = None
-        for block in blocks:
-            block.ref_count += 1
         seq.hashes = hashes
-        seq.tokens = list(token_ids[: len(hashes) * self.block_size])
-        return len(seq.tokens)
+        seq.length = len(hashes) * self.block_size
+        seq.tail = []
+        return seq.length
 
     def probe_prefix(self, seq: KvSequence, token_ids: Sequence[int]) -> tuple[int, int]:
         """What :meth:`acquire_prefix` would take, without taking it: (cached leading blocks, how many of
@@ -215,7 +220,7 @@ class BlockManager:
         """New blocks that appending ``n_tokens`` to ``seq`` would allocate."""
         room = 0
         if seq.partial is not None:
-            room = self.block_size - (len(seq.tokens) - len(seq.hashes) * self.block_size)
+            room = self.block_size - (seq.length - len(seq.hashes) * self.block_size)
         extra = max(0, n_tokens - room)
         return -(-extra // self.block_size)
 
@@ -227,43 +232,43 @@ class BlockManager:
         if not token_ids:
             return True
         bs = self.block_size
-        if seq.partial is not None and len(seq.tokens) - len(seq.hashes) * bs + len(token_ids) < bs:
-            seq.tokens.extend(token_ids)  # room in the partial block (a decode step): nothing taken, sealed or sent
+        if seq.partial is not None and seq.length - len(seq.hashes) * bs + len(token_ids) < bs:
+            seq.tail.extend(token_ids)  # room in the partial block (a decode step): nothing taken, sealed or sent
+            seq.length += len(token_ids)
             return True
         if not self.can_append(seq, len(token_ids)):
             return False
         removed: list[int] = []
         runs: list[tuple[int | None, list[StoredBlock]]] = []
-        seq.tokens.extend(token_ids)  # then block by block: take a block, seal it once it is full
-        end = len(seq.tokens)
-        while True:
-            if seq.partial is None:
-                seq.partial = _Block(self._take_block_id(removed), ref_count=1)
-            if end < (len(seq.hashes) + 1) * bs:
-                break
-            self._seal(seq, runs)
-            if end == len(seq.hashes) * bs:
-                break
+        self._fill(seq, token_ids, removed, runs)
         if removed:
             self._emit(KvRemoved(self._event_id(), tuple(removed)))
         for parent, blocks in runs:
             self._emit(KvStored(self._event_id(), parent, tuple(blocks)))
         return True
 
+    def extend_partial(self, seq: KvSequence, token_ids: Sequence[int]) -> None:
+        """:meth:`append` of tokens that stay inside ``seq``'s partial block (nothing taken, sealed or sent)."""
+        if seq.partial is None or seq.length - len(seq.hashes) * self.block_size + len(token_ids) >= self.block_size:
+            raise ValueError("the tokens do not fit in the sequence's partial block")
+        seq.tail.extend(token_ids)
+        seq.length += len(token_ids)
+
     def free(self, seq: KvSequence) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order)."""
-        tail_first = seq.hashes[::-1]
-        blocks = list(map(self._full.__getitem__, tail_first))
-        for block in blocks:
+        full, inactive = self._full, self._inactive
+        for h in reversed(seq.hashes):
+            block = full[h]
             block.ref_count -= 1
-        # unreferenced now: into the LRU list, tail first (a sequence's hashes are distinct, none is there yet)
-        self._inactive.update(dict.fromkeys([h for h, block in zip(tail_first, blocks, strict=True)
-                                             if not block.ref_count]))
+            if not block.ref_count:
+                # unreferenced now: into the LRU list, tail first (a sequence's hashes are distinct, none is there)
+                inactive[h] = None
         if seq.hashes:
             self._lru_epoch += 1
         if seq.partial is not None:
             self._free_ids.append(seq.partial.block_id)
-        seq.tokens = []
+        seq.length = 0
+        seq.tail = []
         seq.hashes = []
         seq.partial = None
 
@@ -302,33 +307,96 @@ class BlockManager:
         removed.append(victim)
         return self._full.pop(victim).block_id
 
-    def _seal(self, seq: KvSequence, runs: list[tuple[int | None, list[StoredBlock]]]) -> None:
-        """``seq``'s partial block just filled up: hash it and cache it (or adopt the cached twin)."""
+    def _fill(self, seq: KvSequence, token_ids: Sequence[int], removed: list[int],
+              runs: list[tuple[int | None, list[StoredBlock]]]) -> None:
+        """``seq`` grows by ``token_ids``: block by block, take a block and seal it once it is full (hash it and
+        cache it, or adopt the cached twin); evicted hashes go to ``removed``, newly cached blocks to ``runs``."""
         bs = self.block_size
+        start = seq.length
+        end = seq.length = start + len(token_ids)
+        base = len(seq.hashes) * bs  # where the old tail starts
+        if not self._fill_new(seq, end, removed, runs):
+            seq.partial = self._fill_each(seq, token_ids, start, end, removed, runs)
+        if len(seq.hashes) * bs == base:
+            seq.tail.extend(token_ids)
+        else:  # a block was sealed: the new tail starts inside ``token_ids``
+            seq.tail = list(token_ids[len(seq.hashes) * bs - start :])
+
+    def _fill_new(self, seq: KvSequence, end: int, removed: list[int],
+                  runs: list[tuple[int | None, list[StoredBlock]]]) -> bool:
+        """:meth:`_fill_each` in bulk when the blocks it seals all have known hashes, none cached (so no twin
+        is adopted and no block returns to the free list between two takes: the takes come first, in order,
+        then the seals); False (nothing done) otherwise. A prompt's uncached chunk, the common case."""
+        bs = self.block_size
+        first, last = len(seq.hashes), end // bs
+        if last - first < 2 or last > len(seq.known):
+            return False
+        new = seq.known[first:last]
+        full = self._full
+        if any(map(full.__contains__, new)) or len(set(new)) != len(new):
+            return False
+        free_ids = self._free_ids
+        old = seq.partial
+        fresh = len(new) - (0 if old is None else 1)  # blocks taken to be sealed; one more for a new partial block
+        ids = [free_ids.pop() if free_ids else self._take_block_id(removed)
+               for _ in range(fresh + (1 if end % bs else 0))]
+        sealed_ids = ids[:fresh] if old is None else [old.block_id, *ids[:fresh]]
+        sealing = list(map(_Block, sealed_ids, new, repeat(1)))
+        if old is not None:  # the partial block itself is sealed: the same object, as block by block
+            old.block_hash, sealing[0] = new[0], old
+        full.update(zip(new, sealing, strict=True))
+        runs.append((seq.hashes[-1] if seq.hashes else None, list(map(StoredBlock, new, sealed_ids, repeat(bs)))))
+        seq.hashes.extend(new)
+        seq.partial = _Block(ids[-1], ref_count=1) if end % bs else None
+        return True
+
+    def _fill_each(self, seq: KvSequence, token_ids: Sequence[int], start: int, end: int, removed: list[int],
+                   runs: list[tuple[int | None, list[StoredBlock]]]) -> _Block | None:
+        """:meth:`_fill` block by block (the hot loop of a decode's block, hence its locals); returns the new
+        partial block."""
+        bs = self.block_size
+        full, free_ids, known, hashes = self._full, self._free_ids, seq.known, seq.hashes
         block = seq.partial
-        assert block is not None
-        index = len(seq.hashes)
-        parent = seq.hashes[-1] if seq.hashes else None
-        if index < len(seq.known):
-            h = seq.known[index]
+        while True:
+            if block is None:
+                block = _Block(free_ids.pop() if free_ids else self._take_block_id(removed), ref_count=1)
+            index = len(hashes)
+            if end < (index + 1) * bs:
+                break
+            parent = hashes[-1] if hashes else None
+            h = known[index] if index < len(known) else self._hash_block(seq, token_ids, start, parent)
+            hashes.append(h)
+            twin = full.get(h)
+            if twin is not None:
+                free_ids.append(block.block_id)
+                self._ref(twin)
+            else:
+                block.block_hash = h
+                full[h] = block
+                stored = StoredBlock(h, block.block_id, bs)
+                if runs and runs[-1][1][-1].block_hash == parent:
+                    runs[-1][1].append(stored)
+                else:
+                    runs.append((parent, [stored]))
+            block = None
+            if end == (index + 1) * bs:
+                break
+        return block
+
+    def _hash_block(self, seq: KvSequence, token_ids: Sequence[int], start: int, parent: int | None) -> int:
+        """The chained hash of ``seq``'s next full block (``seq.hashes`` are the ones before it), not known yet:
+        computed once, kept in ``known``. Its tokens are the old tail's (that ended at ``start``) then
+        ``token_ids``'s."""
+        bs = self.block_size
+        first = len(seq.hashes) * bs
+        if first < start:  # the block the old tail began
+            tokens = [*seq.tail, *token_ids[: first + bs - start]]
         else:
-            (local,) = local_block_hashes(seq.tokens[index * bs : (index + 1) * bs], bs, seq.seed)
-            h = chain(parent, local)
-            seq.known.append(h)  # index == len(known): ``hashes`` is a prefix of ``known``
-        seq.partial = None
-        seq.hashes.append(h)
-        twin = self._full.get(h)
-        if twin is not None:
-            self._free_ids.append(block.block_id)
-            self._ref(twin)
-            return
-        block.block_hash = h
-        self._full[h] = block
-        stored = StoredBlock(h, block.block_id, bs)
-        if runs and runs[-1][1][-1].block_hash == parent:
-            runs[-1][1].append(stored)
-        else:
-            runs.append((parent, [stored]))
+            tokens = list(token_ids[first - start : first - start + bs])
+        (local,) = local_block_hashes(tokens, bs, seq.seed)
+        h = chain(parent, local)
+        seq.known.append(h)  # index == len(known): ``hashes`` is a prefix of ``known``
+        return h
 
     def _event_id(self) -> int:
         event_id = self._next_event_id

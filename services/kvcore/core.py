@@ -117,6 +117,29 @@ class EngineCore:
         plan.finished = finished
         return plan
 
+    def quiet_steps(self) -> int:
+        """How many next steps only decode known tokens into held blocks (:meth:`Scheduler.quiet_steps`).
+
+        A positive answer commits the caller to :meth:`advance_quiet` by at least one step next."""
+        return self.scheduler.quiet_steps()
+
+    def advance_quiet(self, steps: int) -> None:
+        """Plan and complete ``steps`` quiet steps at once (a simulated clock: no compute runs between them)."""
+        self.scheduler.advance_quiet(steps)
+        self.steps += steps
+
+    def plain_step(self) -> StepPlan | None:
+        """Schedule and complete the next step at once when it only decodes (:meth:`Scheduler.plain_step`).
+
+        None: it does not (nothing done). A plan without items: it was taken and completed (its tokens
+        delivered; nobody got a first token or finished). A plan with items: it admits a waiting request
+        after all, and is :meth:`plan_step`'s plan, to complete with :meth:`complete_step`.
+        """
+        plan = self.scheduler.plain_step()
+        if plan is not None and not plan.items:
+            self.steps += 1
+        return plan
+
     def complete_step(self, plan: StepPlan, sampled: Sequence[int | None] = ()) -> StepDone:
         """The step's compute is done: deliver each item's token (``plan`` order).
 

@@ -114,6 +114,14 @@ class OutputBuffer:
         self.ready.set()
         return True
 
+    def _accept_quiet(self, tokens: list[int]) -> None:
+        """:meth:`_accept` of each of ``tokens``, known to hit no stop id, no stop string and no ``max_tokens``."""
+        if self.stop_ids or self.matcher.active or self.generated + len(tokens) >= self.max_tokens:
+            raise ValueError("these tokens may end the request: accept them one by one")
+        self.generated += len(tokens)
+        self._out.extend(tokens)
+        self.ready.set()
+
     def finish(self, reason: FinishReason) -> None:
         """End the request; tokens held back for a possible stop string are released unless cancelled."""
         if not self.finished:

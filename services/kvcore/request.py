@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 from tokenizers import Tokenizer
 
@@ -16,10 +18,111 @@ from services.kvcore.tokens import TokenSource
 _admission_counter = itertools.count()
 
 
+class TokenStream(Sequence[int]):
+    """A prompt kept as given (never copied), then the tokens generated after it; slices are lists.
+
+    ``CoreRequest.all_tokens`` when the prompt is shared (``share_prompt``: the simulator's lazily held
+    trace prompts); otherwise it is a plain list.
+    """
+
+    __slots__ = ("_generated", "_prompt", "_prompt_len")
+
+    def __init__(self, prompt: Sequence[int]) -> None:
+        self._prompt = prompt
+        self._prompt_len = len(prompt)
+        self._generated: list[int] = []
+
+    def __len__(self) -> int:
+        return self._prompt_len + len(self._generated)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        n = self._prompt_len
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            if stop <= start:
+                return []
+            if start >= n:
+                return self._generated[start - n : stop - n]
+            head = list(self._prompt[start : min(stop, n)])
+            if stop > n:
+                head.extend(self._generated[: stop - n])
+            return head
+        i = index + len(self) if index < 0 else index
+        if not 0 <= i < len(self):
+            raise IndexError("token index out of range")
+        return self._prompt[i] if i < n else self._generated[i - n]
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._prompt
+        yield from self._generated
+
+    def window(self, start: int, stop: int, then: int | None = None) -> TokenWindow:
+        """Tokens ``start:stop`` (then ``then``, if given) as a view: read lazily, never copied whole."""
+        return TokenWindow(self, start, stop, () if then is None else (then,))
+
+    def append(self, token: int) -> None:
+        self._generated.append(token)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self._generated.extend(tokens)
+
+
+class TokenWindow(Sequence[int]):
+    """A stretch of a :class:`TokenStream`, then ``extra`` tokens, read lazily: a step's chunk in the simulator
+    (the block manager reads its length and, of its tokens, at most a partial block's)."""
+
+    __slots__ = ("_extra", "_start", "_stop", "_stream")
+
+    def __init__(self, stream: TokenStream, start: int, stop: int, extra: tuple[int, ...] = ()) -> None:
+        self._stream = stream
+        self._start = start
+        self._stop = max(start, stop)
+        self._extra = extra
+
+    def __len__(self) -> int:
+        return self._stop - self._start + len(self._extra)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            if stop <= start:
+                return []
+            n = self._stop - self._start
+            out = self._stream[self._start + start : self._start + min(stop, n)] if start < n else []
+            if stop > n:
+                out.extend(self._extra[max(start - n, 0) : stop - n])
+            return out
+        i = index + len(self) if index < 0 else index
+        if not 0 <= i < len(self):
+            raise IndexError("token index out of range")
+        n = self._stop - self._start
+        return self._stream[self._start + i] if i < n else self._extra[i - n]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self[:])
+
+
 class CoreRequest(OutputBuffer):
     """A request inside an engine core: scheduler state on top of the output buffer.
 
-    ``all_tokens`` is the prompt plus every generated token (recomputed after a preemption); the KV
+    ``all_tokens`` is the prompt plus every generated token (recomputed after a preemption): a copy, or with
+    ``share_prompt`` a :class:`TokenStream` over the (immutable) prompt itself; the KV
     sequence ``seq`` holds the tokens whose KV blocks are taken. A request with a ``source`` (simulated
     engines) knows each token before the step that generates it; without one the engine's compute
     samples it. ``engine_state`` is the compute's own per-request state (the torch engine's KV cache
@@ -33,6 +136,7 @@ class CoreRequest(OutputBuffer):
         tokenizer: Tokenizer,
         source: TokenSource | None = None,
         block_hashes: list[int] | None = None,
+        share_prompt: bool = False,
     ) -> None:
         """``block_hashes``: the prompt's chained block hashes at the engine's block size, when the caller
         has them already (the simulator: the router's placement computed them); the request's KV sequence
@@ -40,7 +144,9 @@ class CoreRequest(OutputBuffer):
         request = checked.request
         super().__init__(request, max_tokens=checked.max_tokens, stop_ids=checked.stop_ids,
                          matcher=StopStringMatcher(tokenizer, request.stop))
-        self.all_tokens: list[int] = list(request.token_ids)  # prompt + generated (recomputed on preemption)
+        # prompt + generated (recomputed on preemption)
+        self.all_tokens: list[int] | TokenStream = (
+            TokenStream(request.token_ids) if share_prompt else list(request.token_ids))
         self.source = source
         self.seq = KvSequence(request.cache_salt, block_hashes)
         self.engine_state: object | None = None
@@ -54,7 +160,7 @@ class CoreRequest(OutputBuffer):
     @property
     def computed(self) -> int:
         """Tokens whose KV this request holds."""
-        return len(self.seq.tokens)
+        return self.seq.length
 
     @property
     def prefilling(self) -> bool:
@@ -86,6 +192,17 @@ class CoreRequest(OutputBuffer):
             if self.source is not None:
                 self.source.pop()
             self.all_tokens.append(token)
+
+    def take_known(self, count: int) -> list[int]:
+        """The next ``count`` tokens the source generates, consumed (a quiet stretch, ``Scheduler.advance_quiet``)."""
+        assert self.source is not None, "only a request that knows its tokens decodes ahead"
+        return self.source.take(count)
+
+    def deliver_quiet(self, tokens: list[int]) -> None:
+        """:meth:`deliver` of ``tokens`` one by one, for tokens that neither stop nor end the request."""
+        self.prompt_done()
+        self._accept_quiet(tokens)
+        self.all_tokens.extend(tokens)
 
     # -- consumer side --------------------------------------------------------------------------
 

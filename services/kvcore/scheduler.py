@@ -27,10 +27,11 @@ completes (``torch_engine/kv_store.py``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.kvcore.block_manager import BlockManager
-from services.kvcore.request import CoreRequest
+from services.kvcore.request import CoreRequest, TokenStream
 from services.kvcore.timing import PrefillChunk, StepTiming
 
 
@@ -40,7 +41,8 @@ class ScheduledItem:
 
     request: CoreRequest
     start: int                   # tokens whose KV the request held before this step
-    tokens: list[int]            # tokens fed to the model this step (``all_tokens[start:]``)
+    tokens: Sequence[int]        # tokens fed to the model this step (``all_tokens[start:]``; a list, or in
+                                 # the simulator a lazy ``TokenWindow``)
     samples: bool                # the chunk reaches the last known token: the step generates one
     token: int | None            # the generated token, when known in advance (lookahead)
 
@@ -95,6 +97,13 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        budget = self._schedule_running(plan)
+        if not plan.preempted:
+            self._admit_waiting(plan, budget)
+        return self._close(plan)
+
+    def _schedule_running(self, plan: StepPlan) -> int:
+        """Running requests' shares of the step (preempting the newest where blocks run out); the budget left."""
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running):
@@ -120,22 +129,28 @@ class Scheduler:
             plan.preempted.append(victim)
             if victim is req:
                 break
-        if not plan.preempted:
-            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-                req = self.waiting[0]
-                item = self._try_admit(req, budget)
-                if item is None:
-                    if not self.running:  # cannot fit even into an empty cache (grew past capacity)
-                        self.waiting.popleft()
-                        req.finish("length")
-                        plan.finished.append(req)
-                        continue
-                    break
-                self.waiting.popleft()
-                req.mark_admitted(item.start)
-                self.running.append(req)
-                plan.items.append(item)
-                budget -= max(item.prefill_tokens, 1)
+        return budget
+
+    def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
+        """Admit waiting requests FIFO into ``plan`` while seats, ``budget`` and blocks allow."""
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            req = self.waiting[0]
+            item = self._try_admit(req, budget)
+            if item is None:
+                if not self.running:  # cannot fit even into an empty cache (grew past capacity)
+                    self.waiting.popleft()
+                    req.finish("length")
+                    plan.finished.append(req)
+                    continue
+                break
+            self.waiting.popleft()
+            req.mark_admitted(item.start)
+            self.running.append(req)
+            plan.items.append(item)
+            budget -= max(item.prefill_tokens, 1)
+
+    def _close(self, plan: StepPlan) -> StepPlan:
+        """``plan``'s step-time inputs: its prefill chunks, decode batch and blocks in use."""
         for item in plan.items:
             req = item.request
             if item.prefill_tokens:
@@ -145,9 +160,79 @@ class Scheduler:
         plan.active_blocks = self.blocks.active_blocks
         return plan
 
+    def plain_step(self) -> StepPlan | None:
+        """Schedule the next step, and complete it at once, when it only decodes; None (nothing done) if not.
+
+        A plain step decodes one known token per running request that neither stops nor ends it, and the
+        blocks those tokens need are there (no preemption). Its tokens' KV is held (blocks taken, sealed,
+        events emitted) and a waiting request tried exactly as :meth:`schedule` would. When that request
+        is refused, the tokens are delivered now and the plan returned has no items (only its step-time
+        inputs); when it fits, the step admits it and the plan returned is :meth:`schedule`'s, to complete.
+        """
+        running = self.running
+        if not running or not all(map(_decodes_plainly, running)):
+            return None
+        blocks = self.blocks
+        if sum(req.seq.partial is None for req in running) > blocks.available_blocks:
+            return None
+        tokens: list[int] = []
+        for req in running:
+            token = req.lookahead()
+            assert token is not None, "checked: known in advance"
+            held = blocks.append(req.seq, (token,))
+            assert held, "checked: the blocks are there"
+            tokens.append(token)
+        budget = self.max_num_batched_tokens - len(running)
+        if self.waiting and len(running) < self.max_num_seqs and budget > 0 \
+                and not self._refuse(self.waiting[0], budget):
+            return self._plain_admits(tokens, budget)
+        for req, token in zip(running, tokens, strict=True):
+            req.deliver(token)
+        return StepPlan(decode_batch=len(running), active_blocks=blocks.active_blocks)
+
+    def _plain_admits(self, tokens: list[int], budget: int) -> StepPlan:
+        """A plain step whose waiting request fits after all: the rest of :meth:`schedule`, tokens undelivered."""
+        plan = StepPlan(items=[ScheduledItem(req, req.computed - 1, [], True, token)
+                               for req, token in zip(self.running, tokens, strict=True)])
+        self._admit_waiting(plan, budget)
+        return self._close(plan)
+
+    def quiet_steps(self) -> int:
+        """How many next steps are *quiet*, 0 when the next one is not.
+
+        A quiet step decodes one known token per running request into room its partial block has, and
+        finishes, preempts and admits nothing: it takes no block, emits no event, produces no first token,
+        and is planned exactly like the one before. A waiting request is tried now, as the first such
+        step would try it (refused, its prefix counts as just used); with no block taken or freed
+        until the stretch ends, the later steps' tries change nothing. A positive answer therefore
+        commits the caller to :meth:`advance_quiet` by at least one step before anything else changes.
+        """
+        running = self.running
+        if not running:
+            return 0
+        bs = self.blocks.block_size
+        steps = bs
+        for req in running:
+            steps = min(steps, _quiet_room(req, bs))
+            if steps <= 0:
+                return 0
+        budget = self.max_num_batched_tokens - len(running)
+        if self.waiting and len(running) < self.max_num_seqs and budget > 0 \
+                and not self._refuse(self.waiting[0], budget):
+            return 0
+        return steps
+
+    def advance_quiet(self, steps: int) -> None:
+        """Take ``steps`` quiet steps at once (at most :meth:`quiet_steps`): the state that many planned and
+        completed steps leave, in one pass per request (requests are independent while no block is taken)."""
+        for req in self.running:
+            tokens = req.take_known(steps)
+            self.blocks.extend_partial(req.seq, tokens)
+            req.deliver_quiet(tokens)
+
     def _try_schedule(self, req: CoreRequest, budget: int) -> ScheduledItem | None:
         """Take blocks for ``req``'s share of the step; None (nothing taken) if they are not there."""
-        start = len(req.seq.tokens)
+        start = req.seq.length
         if start == len(req.all_tokens):  # decoding: nothing to feed; hold the known next token (the hot path)
             token = req.lookahead()
             if token is not None and token not in req.stop_ids and not self.blocks.append(req.seq, (token,)):
@@ -158,13 +243,20 @@ class Scheduler:
             return None
         return item
 
-    def _share(self, req: CoreRequest, start: int, budget: int) -> tuple[ScheduledItem, list[int]]:
+    def _share(self, req: CoreRequest, start: int, budget: int) -> tuple[ScheduledItem, Sequence[int]]:
         """``req``'s share of the step from ``start`` on, and the tokens whose KV it holds (fed + known next)."""
-        chunk = max(0, min(len(req.all_tokens) - start, budget))
-        fed = req.all_tokens[start : start + chunk]
-        samples = start + chunk == len(req.all_tokens)
+        stream = req.all_tokens
+        chunk = max(0, min(len(stream) - start, budget))
+        samples = start + chunk == len(stream)
         token = req.lookahead() if samples else None
-        held = fed if token is None or token in req.stop_ids else [*fed, token]
+        fed: Sequence[int]
+        held: Sequence[int]
+        if isinstance(stream, TokenStream):  # a shared prompt: the chunk is a view (the simulator reads its tail)
+            fed = stream.window(start, start + chunk)
+            held = fed if token is None or token in req.stop_ids else stream.window(start, start + chunk, token)
+        else:
+            fed = stream[start : start + chunk]
+            held = fed if token is None or token in req.stop_ids else [*fed, token]
         return ScheduledItem(req, start, fed, samples, token), held
 
     def _try_admit(self, req: CoreRequest, budget: int) -> ScheduledItem | None:
@@ -174,16 +266,31 @@ class Scheduler:
         head of the queue is tried every step while it waits, and taking and freeing its whole prefix each
         time cost O(prompt) per step. A refused try leaves the cache exactly as taking and freeing would.
         """
-        blocks = self.blocks
-        matched, idle = blocks.probe_prefix(req.seq, req.all_tokens)
-        _, held = self._share(req, matched * blocks.block_size, budget)
-        if -(-len(held) // blocks.block_size) > blocks.available_blocks - idle:
-            blocks.touch_prefix(req.seq, matched)
+        if self._refuse(req, budget):
             return None
-        blocks.acquire_prefix(req.seq, req.all_tokens)
+        self.blocks.acquire_prefix(req.seq, req.all_tokens)
         item = self._try_schedule(req, budget)
         assert item is not None, "the probe said it fits"
         return item
+
+    def _refuse(self, req: CoreRequest, budget: int) -> bool:
+        """True when the waiting ``req`` does not fit now (its prefix then counts as just used); probes only."""
+        blocks = self.blocks
+        bs = blocks.block_size
+        matched, idle = blocks.probe_prefix(req.seq, req.all_tokens)
+        if -(-self._held_count(req, matched * bs, budget) // bs) <= blocks.available_blocks - idle:
+            return False
+        blocks.touch_prefix(req.seq, matched)
+        return True
+
+    def _held_count(self, req: CoreRequest, start: int, budget: int) -> int:
+        """How many tokens :meth:`_share` would hold from ``start`` on (without slicing them out)."""
+        total = len(req.all_tokens)
+        chunk = max(0, min(total - start, budget))
+        if start + chunk < total:
+            return chunk
+        token = req.lookahead()
+        return chunk if token is None or token in req.stop_ids else chunk + 1
 
     def _preempt(self, req: CoreRequest) -> None:
         self.running.remove(req)
@@ -191,3 +298,19 @@ class Scheduler:
         req.lose_blocks()
         self.waiting.appendleft(req)
         self.preemptions += 1
+
+
+def _decodes_plainly(req: CoreRequest) -> bool:
+    """``req`` decodes a known token next that neither stops nor ends it (nor is its first)."""
+    return (req.seq.length == len(req.all_tokens) and req.source is not None and not req.stop_ids
+            and not req.matcher.active and not req.finished and 0 < req.generated < req.max_tokens - 1)
+
+
+def _quiet_room(req: CoreRequest, block_size: int) -> int:
+    """Quiet steps ``req`` allows: it decodes known tokens that neither stop nor end it, into its partial block."""
+    seq = req.seq
+    held = seq.length
+    if seq.partial is None or held != len(req.all_tokens) or req.source is None or req.stop_ids \
+            or req.matcher.active or req.finished:
+        return 0
+    return min(block_size - 1 - (held - len(seq.hashes) * block_size), req.max_tokens - req.generated - 1)

@@ -49,6 +49,22 @@ class FillerText:
             return self._vocab.period
         return self._rng.choice(self._vocab.words)
 
+    def take(self, count: int) -> list[int]:
+        """The next ``count`` tokens: :meth:`next` ``count`` times, in one loop."""
+        rng, words, period = self._rng, self._vocab.words, self._vocab.period
+        choice = rng.choice
+        out: list[int] = []
+        until = self._until_period
+        for _ in range(count):
+            until -= 1
+            if until <= 0 and period is not None:
+                until = rng.randint(6, 16)
+                out.append(period)
+            else:
+                out.append(choice(words))
+        self._until_period = until
+        return out
+
 
 def filler_seed(token_ids: Sequence[int], seed: int, request_seed: int | None = None) -> int:
     """Seed for a request's filler: its prompt, the worker's seed and the request's own seed."""
@@ -81,3 +97,16 @@ class TokenSource:
         token = self.peek()
         self._peeked = None
         return token
+
+    def take(self, count: int) -> list[int]:
+        """The next ``count`` tokens, consumed (``pop`` ``count`` times)."""
+        out: list[int] = []
+        if count > 0 and self._peeked is not None:
+            out.append(self._peeked)
+            self._peeked = None
+        scripted = self._scripted[self._pos : self._pos + count - len(out)]
+        self._pos += len(scripted)
+        out.extend(scripted)
+        if len(out) < count:
+            out.extend(self._filler.take(count - len(out)))
+        return out

@@ -10,7 +10,8 @@ step's blocks, as in Dynamo's mocker).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from services.common.model_dir import ModelDir
@@ -30,6 +31,9 @@ class SimWorkerConfig(BatchingConfig):
 
     block_size: int = 64
     max_num_seqs: int = 256
+
+
+_DONE = StepPlan()  # the running "step" is a run of steps taken and completed already
 
 
 class SimWorker:
@@ -53,32 +57,74 @@ class SimWorker:
         self.plan: StepPlan | None = None
         self.finished_early: list[CoreRequest] = []  # ended while scheduling (no KV room at all)
 
-    def add(self, request_id: str, tokens: list[int], max_tokens: int,
+    def add(self, request_id: str, tokens: Sequence[int], max_tokens: int,
             block_hashes: list[int] | None = None) -> CoreRequest:
-        """Queue a request; ``block_hashes`` (the prompt's, at this worker's block size) spare hashing it again."""
+        """Queue a request; ``block_hashes`` (the prompt's, at this worker's block size) spare hashing it again.
+
+        ``tokens`` must not change afterwards: the core keeps them as they are (``share_prompt``)."""
         engine_request = EngineRequest(request_id, tokens, max_tokens=max_tokens, ignore_eos=True)
         req = CoreRequest(CheckedRequest(engine_request, max_tokens, frozenset()), tokenizer=self._model.tokenizer,
                           source=TokenSource((), None, FillerText(self._vocab, len(tokens))),
-                          block_hashes=block_hashes)
+                          block_hashes=block_hashes, share_prompt=True)
         self.core.add(req)
         return req
 
-    def start_step(self) -> float | None:
-        """Plan the next step; its duration in ms, or None when nothing can run now."""
+    def start_step(self, now: float, horizon: float = math.inf) -> float | None:
+        """Plan the next step at ``now`` (ms); when it ends, or None when nothing can run now.
+
+        Decode steps planned before ``horizon`` (the next arrival, which might change the batch) run as one
+        event when nobody gets a first token or finishes in them: quiet ones (``EngineCore.quiet_steps``: no
+        block taken, no event) advanced together, plain ones (``EngineCore.plain_step``: blocks taken and
+        events emitted) one by one. The returned end is the last one's, summed step by step as the
+        step-by-step loop would; their events reach the router before the next arrival, as theirs would.
+        """
+        end, stepped = now, False
+        while not stepped or end < horizon:  # the first step starts now, the others before the next arrival
+            if stepped:
+                self._flush()
+            quiet = self.core.quiet_steps()
+            if quiet:
+                end, stepped = self._advance_quiet(end, horizon, quiet), True
+                continue
+            plain = self.core.plain_step()
+            if plain is None:
+                break
+            end, stepped = end + 1000.0 * plain.modelled_seconds(self._timing), True
+            if plain.items:  # it admits a waiting request: a real step, completed when it ends
+                self.plan = plain
+                return end
+        if stepped:
+            self.plan = _DONE
+            return end
         plan = self.core.plan_step()
         self.finished_early.extend(plan.finished)
         self.plan = plan if plan.items else None
-        return 1000.0 * plan.modelled_seconds(self._timing) if plan.items else None
+        return now + 1000.0 * plan.modelled_seconds(self._timing) if plan.items else None
+
+    def _advance_quiet(self, start: float, horizon: float, most: int) -> float:
+        """Advance up to ``most`` quiet steps from ``start``, the first planned then, the others before
+        ``horizon``; the last one's end. Each lasts what a decode-only plan of this batch at this KV use
+        lasts: nothing they do changes either."""
+        ms = 1000.0 * self._timing.step_seconds((), len(self.scheduler.running), self.blocks.active_blocks)
+        end, steps = start + ms, 1
+        while steps < most and end < horizon:
+            end += ms
+            steps += 1
+        self.core.advance_quiet(steps)
+        return end
+
+    def _flush(self) -> None:
+        if self._pending:
+            events, self._pending[:] = list(self._pending), []
+            self._on_events(self.worker_id, events)
 
     def finish_step(self) -> tuple[list[CoreRequest], list[CoreRequest]]:
         """Deliver the running step: (requests that got their first token, requests that finished)."""
         plan, self.plan = self.plan, None
         first: list[CoreRequest] = []
         done: list[CoreRequest] = []
-        if plan is not None:
+        if plan is not None and plan is not _DONE:
             step = self.core.complete_step(plan)
             first, done = step.first, step.finished
-        if self._pending:
-            events, self._pending[:] = list(self._pending), []
-            self._on_events(self.worker_id, events)
+        self._flush()
         return first, done

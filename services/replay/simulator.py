@@ -11,8 +11,10 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from services.common.model_dir import ModelDir, load_model_dir
 from services.kvcore import domain as eng
@@ -42,11 +44,14 @@ class ReplayConfig:
     seed: int = 0
 
 
+_block_hash = attrgetter("block_hash")
+
+
 def to_router_events(events: list[eng.KvEvent]) -> list[KvEvent]:
     out: list[KvEvent] = []
     for e in events:
         if isinstance(e, eng.KvStored):
-            out.append(StoredEvent(e.event_id, tuple(b.block_hash for b in e.blocks)))
+            out.append(StoredEvent(e.event_id, tuple(map(_block_hash, e.blocks))))
         elif isinstance(e, eng.KvRemoved):
             out.append(RemovedEvent(e.event_id, e.block_hashes))
         else:
@@ -77,6 +82,8 @@ class Replay:
         self._inflight: dict[str, InFlight] = {}
         self._running: dict[str, CoreRequest] = {}
         self._prompts = TracePrompts(wc.block_size)
+        self._arrivals: list[float] = []  # every arrival time, in order; ``_arrived`` of them have happened
+        self._arrived = 0
         self.now = 0.0
 
     @property
@@ -109,8 +116,9 @@ class Replay:
 
     def _run(self, trace: list[TraceRequest]) -> ReplayResult:
         t0 = trace[0].timestamp_ms
+        self._arrivals = [(req.timestamp_ms - t0) / self.config.speedup for req in trace]
         for i, req in enumerate(trace):
-            self._push((req.timestamp_ms - t0) / self.config.speedup, "arrive", (f"r{i}", req))
+            self._push(self._arrivals[i], "arrive", (f"r{i}", req))
         while self._events:
             at, _, kind, payload = heapq.heappop(self._events)
             self.now = at
@@ -124,6 +132,7 @@ class Replay:
 
     def _arrive(self, rid: str, treq: object) -> None:
         assert isinstance(treq, TraceRequest)
+        self._arrived += 1
         # synthesised and hashed once (per trace block, shared by the requests repeating it): the router's
         # placement and the chosen worker's engine core share the hashes
         tokens, hashes = self._prompts.prompt(treq)
@@ -138,11 +147,14 @@ class Replay:
             self._start(worker)
 
     def _start(self, worker: SimWorker) -> None:
-        ms = worker.start_step()
+        # Until the next arrival (sorted before steps ending at the same time: pushed first) the worker's quiet
+        # steps change nothing another event could see, and run as one.
+        horizon = self._arrivals[self._arrived] if self._arrived < len(self._arrivals) else math.inf
+        end = worker.start_step(self.now, horizon)
         self._finish(worker.finished_early)
         worker.finished_early.clear()
-        if ms is not None:
-            self._push(self.now + ms, "step", worker.worker_id)
+        if end is not None:
+            self._push(end, "step", worker.worker_id)
 
     def _step_done(self, worker_id: str) -> None:
         worker = self.workers[worker_id]

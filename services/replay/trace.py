@@ -11,8 +11,11 @@ import json
 import zlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
+from typing import overload
 
 from services.common.block_hash import SEED, chain_hashes
 
@@ -41,14 +44,16 @@ class TraceRequest:
             if len(out) >= self.input_length:
                 break
             out.extend(_block_range(h, trace_block, self.input_length - len(out)))
-        self._pad(out)
+        out.extend(self._padding(self.input_length - len(out)))
         return out
 
-    def _pad(self, out: list[int]) -> None:
-        """Should the hash ids cover less than ``input_length``: the tail keyed by them (see :meth:`tokens`)."""
-        if len(out) < self.input_length:
-            start = zlib.crc32(array("Q", self.hash_ids).tobytes())
-            out.extend(TOKEN_SPACE + (start + i) % TOKEN_SPACE for i in range(self.input_length - len(out)))
+    def _padding(self, count: int) -> list[int]:
+        """The first ``count`` tokens of the tail keyed by the hash ids, should they cover less than
+        ``input_length`` (see :meth:`tokens`)."""
+        if count <= 0:
+            return []
+        start = zlib.crc32(array("Q", self.hash_ids).tobytes())
+        return [TOKEN_SPACE + (start + i) % TOKEN_SPACE for i in range(count)]
 
 
 def _block_range(h: int, trace_block: int, most: int) -> range:
@@ -57,57 +62,148 @@ def _block_range(h: int, trace_block: int, most: int) -> range:
     return range(h * trace_block, h * trace_block + min(trace_block, most))
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A kept prompt's whole trace blocks: their hash ids, token pieces and chained block hashes."""
+
+    ids: tuple[int, ...]
+    pieces: tuple[Sequence[int], ...]
+    hashes: tuple[int, ...]
+
+
+class PromptTokens(Sequence[int]):
+    """A synthesised prompt held as its pieces (shared trace-block tuples, then a tail), never as one list.
+
+    Item for item equal to :meth:`TraceRequest.tokens`; slices are lists. Every piece but the last holds
+    ``piece`` tokens. The simulator's engine cores keep it as the start of each request's token stream
+    (``CoreRequest(..., share_prompt=True)``), so a 100k-token prompt is never copied whole.
+    """
+
+    __slots__ = ("_len", "_piece", "_pieces")
+
+    def __init__(self, pieces: list[Sequence[int]], piece: int) -> None:
+        self._pieces = pieces
+        self._piece = piece
+        self._len = sum(map(len, pieces))
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step != 1:
+                return list(self)[index]
+            return self._slice(start, stop) if start < stop else []
+        i = index + self._len if index < 0 else index
+        if not 0 <= i < self._len:
+            raise IndexError("prompt token index out of range")
+        first = self._locate(i)
+        return self._pieces[first][i - first * self._piece]
+
+    def __iter__(self) -> Iterator[int]:
+        return chain.from_iterable(self._pieces)
+
+    def _slice(self, start: int, stop: int) -> list[int]:
+        """Tokens ``start:stop`` (``start < stop``): whole pieces are extended, the two ends sliced."""
+        pieces, piece = self._pieces, self._piece
+        first, last = self._locate(start), self._locate(stop - 1)
+        head = pieces[first][start - first * piece :]
+        if first == last:
+            return list(head[: stop - start])
+        out = list(head)
+        for i in range(first + 1, last):
+            out.extend(pieces[i])
+        out.extend(pieces[last][: stop - last * piece])
+        return out
+
+    def _locate(self, i: int) -> int:
+        """The piece holding token ``i`` (the last one holds everything past the others)."""
+        return min(i // self._piece, len(self._pieces) - 1)
+
+
 class TracePrompts:
     """Each request's :meth:`TraceRequest.tokens` and their block hashes, built from per-hash-id pieces.
 
     Requests of one session repeat most of each other's hash ids, so a full trace block's tokens (one tuple
     whose ints every prompt holding it shares) and its sub-blocks' chained hashes, keyed by (parent block's
-    hash, hash id), are made once and reused (least recently used dropped past ``max_blocks``). Results equal
-    ``tokens()`` and ``sequence_hashes(tokens, block_size)``; a ``block_size`` that does not divide the trace
-    block hashes the whole prompt instead.
+    hash, hash id), are made once and reused (least recently used dropped past ``max_blocks``). The whole
+    trace blocks of the last ``max_prompts`` prompts are kept as well (keyed by their last hash id, checked
+    against all their ids): a session's next turn starts from its previous prompt's pieces and hashes. Results
+    equal ``tokens()`` and ``sequence_hashes(tokens, block_size)``; a ``block_size`` that does not divide the
+    trace block hashes the whole prompt instead.
     """
 
-    def __init__(self, block_size: int, trace_block: int = TRACE_BLOCK, max_blocks: int = 4096) -> None:
+    def __init__(self, block_size: int, trace_block: int = TRACE_BLOCK, max_blocks: int = 4096,
+                 max_prompts: int = 64) -> None:
         self.block_size = block_size
         self.trace_block = trace_block
         self.max_blocks = max_blocks
+        self.max_prompts = max_prompts
         self._tokens: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._hashes: OrderedDict[tuple[int | None, int], tuple[int, ...]] = OrderedDict()
+        self._prompts: OrderedDict[int, _Kept] = OrderedDict()
 
-    def prompt(self, req: TraceRequest) -> tuple[list[int], list[int]]:
+    def prompt(self, req: TraceRequest) -> tuple[PromptTokens, list[int]]:
         """(tokens, chained block hashes at ``block_size``) of ``req``'s prompt."""
         tb, bs = self.trace_block, self.block_size
         if tb % bs:
             tokens = req.tokens(tb)
-            return tokens, chain_hashes(None, tokens, bs, SEED)
-        out: list[int] = []
-        hashes: list[int] = []
+            return PromptTokens([tokens], max(len(tokens), 1)), chain_hashes(None, tokens, bs, SEED)
         n = req.input_length
-        for h in req.hash_ids:
-            if len(out) + tb > n:
-                break
-            block = self._block(h)
-            parent = hashes[-1] if hashes else None
-            key = (parent, h)
-            sub = self._hashes.get(key)
-            if sub is None:
-                sub = self._hashes[key] = tuple(chain_hashes(parent, block, bs, SEED))
-                if len(self._hashes) > 16 * self.max_blocks:
-                    self._hashes.popitem(last=False)
-            else:
-                self._hashes.move_to_end(key)
-            out.extend(block)
-            hashes.extend(sub)
-        if len(out) < n:  # the last, cut block and any tail: as tokens() makes them
-            start = len(out)
-            for h in req.hash_ids[start // tb :]:
-                if len(out) >= n:
+        pieces, hashes = self._whole_blocks(req.hash_ids[: n // tb])
+        start = len(pieces) * tb
+        if start < n:  # the last, cut block and any tail: as tokens() makes them
+            tail: list[int] = []
+            for h in req.hash_ids[len(pieces) :]:
+                if start + len(tail) >= n:
                     break
-                out.extend(_block_range(h, tb, n - len(out)))
-            req._pad(out)
-            rest = chain_hashes(hashes[-1] if hashes else None, out[start:], bs, SEED)
-            hashes.extend(rest)
-        return out, hashes
+                tail.extend(_block_range(h, tb, n - start - len(tail)))
+            tail.extend(req._padding(n - start - len(tail)))
+            hashes.extend(chain_hashes(hashes[-1] if hashes else None, tail, bs, SEED))
+            pieces.append(tail)
+        return PromptTokens(pieces, tb), hashes
+
+    def _whole_blocks(self, ids: tuple[int, ...]) -> tuple[list[Sequence[int]], list[int]]:
+        """The pieces (block tuples) and chained hashes of the whole trace blocks ``ids``: from the longest kept
+        prompt they start with, then block by block; kept in turn for the next prompt."""
+        pieces: list[Sequence[int]] = []
+        hashes: list[int] = []
+        for k in range(len(ids), 0, -1):
+            kept = self._prompts.get(ids[k - 1])
+            if kept is not None and len(kept.ids) == k and kept.ids == ids[:k]:
+                pieces, hashes = list(kept.pieces), list(kept.hashes)
+                break
+        for h in ids[len(pieces) :]:
+            self._add_block(h, pieces, hashes)
+        if ids:
+            self._prompts[ids[-1]] = _Kept(ids, tuple(pieces), tuple(hashes))
+            self._prompts.move_to_end(ids[-1])
+            if len(self._prompts) > self.max_prompts:
+                self._prompts.popitem(last=False)
+        return pieces, hashes
+
+    def _add_block(self, h: int, pieces: list[Sequence[int]], hashes: list[int]) -> None:
+        """Append the whole trace block ``h``: its tokens to ``pieces``, its sub-blocks' chained hashes to
+        ``hashes``."""
+        block = self._block(h)
+        parent = hashes[-1] if hashes else None
+        key = (parent, h)
+        sub = self._hashes.get(key)
+        if sub is None:
+            sub = self._hashes[key] = tuple(chain_hashes(parent, block, self.block_size, SEED))
+            if len(self._hashes) > 16 * self.max_blocks:
+                self._hashes.popitem(last=False)
+        else:
+            self._hashes.move_to_end(key)
+        pieces.append(block)
+        hashes.extend(sub)
 
     def _block(self, h: int) -> tuple[int, ...]:
         block = self._tokens.get(h)

@@ -105,7 +105,7 @@ def test_capacity_exhaustion_changes_nothing() -> None:
     seq = KvSequence()
     assert bm.blocks_needed(seq, 8) == 2
     assert not bm.append(seq, toks(50, 8))
-    assert seq.tokens == [] and bm.active_blocks == 2 and bm.free_blocks == 1
+    assert seq.length == 0 and seq.tail == [] and bm.active_blocks == 2 and bm.free_blocks == 1
     assert bm.append(seq, toks(50, 4))
     assert not bm.append(a, [9])  # growing also fails cleanly
     assert bm.active_blocks == 3

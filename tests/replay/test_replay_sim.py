@@ -86,5 +86,5 @@ def test_prompt_cache_gives_each_request_its_tokens_and_their_block_hashes() -> 
             ids = tuple(rng.randrange(40) for _ in range(rng.randrange(0, 8)))
             req = TraceRequest(0, rng.randrange(0, 8 * 512 + 300), 1, ids)
             tokens, hashes = cache.prompt(req)
-            assert tokens == req.tokens()
-            assert hashes == sequence_hashes(tokens, block_size)
+            assert list(tokens) == req.tokens() and len(tokens) == req.input_length
+            assert hashes == sequence_hashes(list(tokens), block_size)
