@@ -36,7 +36,9 @@ class WorkerEventsConsumer:
         recoverer: KvRecoverer,
         on_worker_gone: Callable[[WorkerEndpoint, bool], Awaitable[None]],
         expire_interval: float = 0.5,
+        probe: Callable[[WorkerEndpoint], Awaitable[bool]] | None = None,
     ) -> None:
+        self._probe = probe  # a worker whose heartbeat is late stays while this says it is alive
         self._nc = nc
         self._ns = namespace
         self._router = router
@@ -101,8 +103,22 @@ class WorkerEventsConsumer:
             self._recoverer.repair(wid)
 
     async def _expire_loop(self) -> None:
+        kept: set[str] = set()  # workers alive without heartbeats (NATS down?): logged once
         while True:
             await asyncio.sleep(self._expire_interval)
+            if self._probe is not None:
+                late = self._router.overdue()
+                alive = await asyncio.gather(*(self._probe(ep) for ep in late))
+                for ep, ok in zip(late, alive, strict=True):
+                    if not ok:
+                        continue
+                    self._router.registry.touch(ep.worker_id)
+                    if ep.worker_id not in kept:
+                        kept.add(ep.worker_id)
+                        log.warning("router.worker_kept", worker_id=ep.worker_id, address=ep.address,
+                                    reason="heartbeat overdue but the worker answers gRPC health (NATS down?)")
+                kept.difference_update(ep.worker_id for ep, ok in zip(late, alive, strict=True) if not ok)
             for gone in self._router.expire():
+                kept.discard(gone.worker_id)
                 log.warning("router.worker_expired", worker_id=gone.worker_id, address=gone.address)
                 await self._on_gone(gone, True)

@@ -58,6 +58,17 @@ class WorkerRegistry:
         entry = self._entries.pop(worker_id, None)
         return entry.endpoint if entry is not None else None
 
+    def overdue(self) -> list[WorkerEndpoint]:
+        """Workers whose last heartbeat is older than the timeout (still registered)."""
+        cutoff = self._clock() - self._timeout
+        return [e.endpoint for e in self._entries.values() if e.last_seen < cutoff]
+
+    def touch(self, worker_id: str) -> None:
+        """Count the worker as seen now (it answered another way than a heartbeat)."""
+        entry = self._entries.get(worker_id)
+        if entry is not None:
+            entry.last_seen = self._clock()
+
     def expire(self) -> list[WorkerEndpoint]:
         """Forget workers silent for longer than the timeout; return them."""
         cutoff = self._clock() - self._timeout

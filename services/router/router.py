@@ -97,6 +97,10 @@ class Router:
             self.index.remove_worker(ep.worker_id)
         return gone
 
+    def overdue(self) -> list[WorkerEndpoint]:
+        """Workers whose heartbeat is late (see :meth:`WorkerRegistry.overdue`)."""
+        return self.registry.overdue()
+
     def place(
         self,
         token_ids: Sequence[int] | bytes,

@@ -16,7 +16,7 @@ from opentelemetry import trace
 
 from services.api import router_pb2_grpc, worker_pb2
 from services.common import mux, prompt_reuse
-from services.common.grpc_util import GrpcServer
+from services.common.grpc_util import GrpcServer, check_health
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.nats_util import close_nats, connect_nats
 from services.common.tracing import Tracing
@@ -86,7 +86,10 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
             proxy.worker_gone(endpoint.worker_id)
         admission.pump()
 
-    consumer = WorkerEventsConsumer(nc, settings.namespace, router, recoverer, on_gone)
+    async def probe(endpoint: WorkerEndpoint) -> bool:  # liveness without NATS: the worker's own health
+        return await check_health(channels.channel(endpoint.address), deadline=0.5)
+
+    consumer = WorkerEventsConsumer(nc, settings.namespace, router, recoverer, on_gone, probe=probe)
     server = GrpcServer(tracing, settings.host, settings.port)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server.server)
     server.add_mux({mux.method_name("Router", "Generate"):

@@ -1,0 +1,60 @@
+"""NATS carries KV events and discovery, not liveness: with the nats-server frozen for 8 s (SIGSTOP, past
+the 2 s heartbeat timeout used here) the router keeps every worker that answers gRPC health, and no
+request fails during the outage or after it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.mesh import running_mesh
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def nats_server_pid(parent: int) -> int:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0]
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and os.path.basename(argv0) == b"nats-server":
+            return int(entry.name)
+    raise AssertionError("no nats-server child")
+
+
+async def test_an_8_s_nats_outage_fails_no_request(tmp_path: Path) -> None:
+    args = ["--workers", "2", "--speedup", "50", "--worker-timeout", "2", "--heartbeat-interval", "0.2",
+            "--served-model-name", "demo", "--log-level", "info"]
+    with running_mesh(args, tmp_path / "mesh.log") as mesh:
+        nats = nats_server_pid(mesh.process.pid)
+        async with httpx.AsyncClient(timeout=30) as http:
+
+            async def chat(i: int) -> int:
+                body = {"model": "demo", "max_tokens": 8, "messages": [{"role": "user", "content": f"hello {i}"}]}
+                return (await http.post(mesh.http + "/v1/chat/completions", json=body)).status_code
+
+            statuses: list[int] = []
+            os.kill(nats, signal.SIGSTOP)
+            try:
+                outage_ends = time.monotonic() + 8
+                while time.monotonic() < outage_ends:
+                    statuses.extend(await asyncio.gather(*(chat(len(statuses) + i) for i in range(2))))
+                    await asyncio.sleep(0.2)
+                ready = await http.get(mesh.http + "/ready")
+            finally:
+                os.kill(nats, signal.SIGCONT)
+            assert ready.status_code == 200 and ready.json()["workers"] == 2  # both still routable
+            for i in range(10):  # and after it
+                statuses.append(await chat(1000 + i))
+        assert len(statuses) > 20 and statuses == [200] * len(statuses), statuses
+    assert '"router.worker_kept"' in (tmp_path / "mesh.log").read_text()
