@@ -31,6 +31,7 @@ class EngineRequest:
     match_text: str = ""                      # text of the last user/tool message (scripted engines)
     cache_salt: str = ""                      # changes block hashes (per-tenant isolation)
     priority: int = 0                         # reserved: higher first when saturated
+    continued_tokens: int = 0                 # trailing prompt tokens an earlier attempt generated
 
 
 @dataclass(frozen=True)

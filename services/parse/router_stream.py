@@ -83,6 +83,7 @@ class ResumingRouterStream:
         out.CopyFrom(self._request)
         out.ClearField("prompt_base")
         out.token_ids_u32 = self._prompt + token_bytes.pack(generated)
+        out.continued_tokens = self._request.continued_tokens + len(generated)
         if limit:
             out.sampling.max_tokens = limit - len(generated)
         if out.hints.osl:

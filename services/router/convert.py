@@ -63,6 +63,7 @@ def proxy_request(request: worker_pb2.GenerateRequest) -> ProxyRequest:
         cache_salt=request.cache_salt,
         target_worker_id=request.target_worker_id,
         prefill_only=request.prefill_only,
+        continued=request.continued_tokens,
     )
 
 
@@ -77,6 +78,7 @@ def worker_request(request: worker_pb2.GenerateRequest, attempt: AttemptRequest)
         out.sampling.max_tokens = attempt.max_tokens
     if attempt.osl != out.hints.osl:
         out.hints.osl = attempt.osl
+    out.continued_tokens = attempt.continued
     out.ClearField("target_worker_id")
     out.prefill_only = False
     return out

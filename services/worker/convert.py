@@ -41,6 +41,7 @@ def request_from_proto(msg: worker_pb2.GenerateRequest) -> EngineRequest:
         match_text=msg.match_text,
         cache_salt=msg.cache_salt,
         priority=msg.hints.priority,
+        continued_tokens=msg.continued_tokens,
     )
 
 

@@ -22,7 +22,8 @@ PROMPT = (1, 2, 3, 4)
 
 
 def attempt(tokens: tuple[int, ...], max_tokens: int) -> AttemptRequest:
-    return AttemptRequest(token_bytes.pack(tokens), max_tokens, 0)
+    """The attempt for ``tokens``: the prompt plus (a migration) the tokens generated so far."""
+    return AttemptRequest(token_bytes.pack(tokens), max_tokens, 0, continued=len(tokens) - len(PROMPT))
 
 
 class Hang:

@@ -148,6 +148,7 @@ def test_stream_progress_stitches_a_migration() -> None:
     retry = convert.worker_request(req, progress.next_attempt())
     assert token_bytes.unpack(retry.token_ids_u32) == [1, 2, 3, 7, 8]
     assert retry.sampling.max_tokens == 3 and retry.hints.osl == 3
+    assert retry.continued_tokens == 2  # the worker is told which prompt tokens were generated
     again = absorb(progress, frame([9], prompt=worker_pb2.PromptInfo(prompt_tokens=5, cached_tokens=4)), "b")
     assert again is not None and not again.HasField("prompt")
     last = absorb(progress, frame([10, 11], finish_reason=common_pb2.FINISH_REASON_LENGTH,

@@ -47,6 +47,17 @@ async def test_scripted_completion_decodes_to_script(make_engine: Make, model: M
     assert [o.finish_reason for o in outs[:-1]] == [None] * (len(outs) - 1)
 
 
+async def test_a_continued_scripted_request_resumes_its_script(make_engine: Make, model: ModelDir) -> None:
+    engine = await make_engine()
+    whole = tokens(await collect(engine, EngineRequest("w", prompt(), match_text="weather in Paris?")))
+    done = 9  # what an earlier worker generated before it died; the router appends it to the prompt
+    rest = await collect(engine, EngineRequest("c", prompt() + whole[:done], match_text="weather in Paris?",
+                                               continued_tokens=done))
+    assert whole[:done] + tokens(rest) == whole  # a clean run's text, not the script from its start
+    fresh = await collect(engine, EngineRequest("f", prompt() + whole[:done], match_text="weather in Paris?"))
+    assert tokens(fresh) == whole  # not a continuation: the whole script
+
+
 async def test_max_tokens_and_default(make_engine: Make) -> None:
     engine = await make_engine(max_tokens_default=7)
     outs = await collect(engine, EngineRequest("r1", prompt(), max_tokens=5, match_text="weather"))

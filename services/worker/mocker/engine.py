@@ -7,6 +7,7 @@ What a request generates is known in advance: a scripted completion picked by ``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.common.model_dir import ModelDir
@@ -18,6 +19,14 @@ from services.kvcore.timing import StepTiming, TimingModel
 from services.kvcore.tokens import FillerText, FillerVocabulary, TokenSource, filler_seed
 from services.worker.core_engine import CoreEngine
 from services.worker.mocker.script import Script
+
+
+def resumed_script(scripted: list[int], prompt: Sequence[int], continued: int) -> list[int]:
+    """What is left of a scripted completion for a continuation whose prompt ends with the ``continued``
+    tokens an earlier attempt generated: the script after them when they are its start, else all of it."""
+    if 0 < continued <= min(len(scripted), len(prompt)) and list(prompt[-continued:]) == scripted[:continued]:
+        return scripted[continued:]
+    return scripted
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,7 @@ class MockerEngine(CoreEngine):
             entry = self.script.lookup(request.match_text)
             if entry is not None:
                 scripted = self.model.tokenizer.encode(entry.completion, add_special_tokens=False).ids
+                scripted = resumed_script(scripted, request.token_ids, request.continued_tokens)
         eos = self.model.eos_token_ids[0] if self.model.eos_token_ids else None
         filler = FillerText(self._vocab, filler_seed(request.token_ids, self.config.seed, request.seed))
         return CoreRequest(checked, tokenizer=self.model.tokenizer, source=TokenSource(scripted, eos, filler))
