@@ -1,9 +1,10 @@
 """Bounded admission of chat turns at the edge: overload is refused before the first byte, not queued.
 
 ``max_concurrent`` turns run at once; up to ``max_queued`` more wait for a slot (the highest agent
-priority first, then arrival order) for at most ``max_wait`` seconds; anything beyond is refused at
-once with :class:`~services.common.errors.OverloadedError`, whose ``retry_after`` estimates when a slot
-frees up (the mean time a turn holds one, times the queue ahead over the slots). Each API answers it in
+priority first, then arrival order) for at most ``max_wait`` seconds; anything beyond, and a turn whose
+estimated wait already exceeds ``max_wait``, is refused at once with
+:class:`~services.common.errors.OverloadedError`, whose ``retry_after`` estimates when a slot frees up
+(the mean time a turn holds one, times the queue ahead over the slots). Each API answers it in
 its own shape: OpenAI 429, Anthropic 529 ``overloaded_error``, gRPC ``RESOURCE_EXHAUSTED``, each with
 ``retry-after``. ``max_concurrent`` 0 admits everything.
 """
@@ -33,7 +34,7 @@ class Admission:
         self.refused = 0
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
-        self._mean_hold = 1.0  # seconds a turn holds a slot (moving average)
+        self.mean_hold: float | None = None  # seconds a turn holds a slot (moving average; None: none yet)
 
     @property
     def queued(self) -> int:
@@ -50,14 +51,15 @@ class Admission:
         try:
             yield
         finally:
-            self._mean_hold += 0.1 * (time.monotonic() - started - self._mean_hold)
+            held = time.monotonic() - started
+            self.mean_hold = held if self.mean_hold is None else self.mean_hold + 0.1 * (held - self.mean_hold)
             self._release()
 
     async def _acquire(self, priority: int) -> None:
         if self.active < self.max_concurrent and not self.queued:
             self.active += 1
             return
-        if self.queued >= self.max_queued:
+        if self.queued >= self.max_queued or self._estimated_wait() > self.max_wait:
             self.refused += 1
             raise OverloadedError(f"the server is overloaded ({self.active} requests running, {self.queued} "
                                   "waiting); retry later", retry_after=self.retry_after())
@@ -84,8 +86,10 @@ class Admission:
                 return
         self.active -= 1
 
+    def _estimated_wait(self) -> float:
+        """Seconds a turn queued now would likely wait: the turns ahead of it times the mean hold, per slot."""
+        return (self.mean_hold or 0.0) * (self.queued + 1) / max(self.max_concurrent, 1)
+
     def retry_after(self) -> float:
         """Seconds until a slot is likely free for a request arriving now."""
-        ahead = self.queued + 1
-        estimate = self._mean_hold * ahead / max(self.max_concurrent, 1)
-        return min(max(estimate, _MIN_RETRY), _MAX_RETRY)
+        return min(max(self._estimated_wait(), _MIN_RETRY), _MAX_RETRY)

@@ -71,3 +71,19 @@ async def test_a_wait_past_max_wait_is_refused_and_a_cancelled_waiter_frees_noth
     assert admission.active == 0 and order == ["first"]
     async with admission.slot():
         assert admission.active == 1
+
+
+async def test_a_turn_whose_estimated_wait_exceeds_max_wait_is_refused_at_once() -> None:
+    admission = Admission(max_concurrent=1, max_queued=10, max_wait=0.5)
+    release, order = asyncio.Event(), []
+    first = asyncio.create_task(hold(admission, release, order, "first"))
+    await asyncio.sleep(0.01)
+    admission.mean_hold = 1.0  # turns have held a slot ~1 s so far: a 0.5 s wait budget cannot be met
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(OverloadedError):
+        async with admission.slot():
+            pass
+    assert loop.time() - started < 0.1  # refused without waiting
+    release.set()
+    await first
