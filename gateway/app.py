@@ -7,7 +7,6 @@ request speaks (``apis/anthropic/errors.py`` or ``apis/openai_chat/errors.py``).
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable, Sequence
 
 from opentelemetry import trace
@@ -25,6 +24,7 @@ from gateway.apis.openai_chat import errors as openai_errors
 from gateway.apis.openai_chat.endpoint import ChatCompletions
 from gateway.apis.responses.endpoint import ResponsesApi
 from gateway.apis.responses.store import ResponseStore
+from gateway.auth import ApiKeys
 from gateway.boundary import public_error, request_id_of
 from gateway.catalog import ModelCatalog
 from gateway.metrics import GatewayMetrics
@@ -82,15 +82,11 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
-        self.keys = [k.encode() for k in keys]
-
-    def _allowed(self, request: Request) -> bool:
-        auth = request.headers.get("authorization", "")
-        tokens = [auth[7:].strip() if auth.lower().startswith("bearer ") else "", request.headers.get("x-api-key", "")]
-        return any(hmac.compare_digest(t.encode(), key) for t in tokens if t for key in self.keys)
+        self.keys = ApiKeys(keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in _PUBLIC_PATHS and not self._allowed(Request(scope)):
+        if (scope["type"] == "http" and scope["path"] not in _PUBLIC_PATHS
+                and not self.keys.allows(Request(scope).headers)):
             err = errors.UnauthenticatedError("Incorrect or missing API key.")
             await _api_error(Request(scope), err)(scope, receive, send)
             return

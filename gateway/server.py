@@ -13,6 +13,7 @@ import uvicorn
 from gateway.admission import Admission
 from gateway.apis.grpc_edge.service import AgentServicer
 from gateway.app import create_app
+from gateway.auth import ApiKeys
 from gateway.metrics import GatewayMetrics
 from gateway.parse_client import ParseClient
 from gateway.settings import GatewaySettings
@@ -73,7 +74,8 @@ class Gateway:
         self.app = create_app(self.parse, settings, tracer, self.metrics)
         self._metrics_server: MetricsServer | None = None
         self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port)
-        chat_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.parse), self._grpc.server)
+        agent = AgentServicer(self.parse, ApiKeys(settings.api_key))
+        chat_pb2_grpc.add_AgentServiceServicer_to_server(agent, self._grpc.server)
         self._sock = _bind(settings.host, settings.http_port)
         self.http_port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(

@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.settings import fields_of, to_argv
+from services.common.settings import env_name, fields_of, to_argv
 
 
 @dataclass(frozen=True)
@@ -52,5 +52,17 @@ def build_settings(cls: type[Any], values: dict[str, Any], overrides: dict[str, 
 
 
 def child_argv(spec: ServiceSpec, settings: Any) -> list[str]:
-    """Every option spelled out as a flag, so a child never depends on defaults drifting apart."""
-    return ["-m", spec.module, *to_argv(settings)]
+    """Every option spelled out as a flag, so a child never depends on defaults drifting apart; secrets
+    excepted (:func:`child_secrets`): any local user can read a process's argv in ``/proc``."""
+    return ["-m", spec.module, *to_argv(settings, only=lambda f: not f.metadata.get("secret"))]
+
+
+def child_secrets(spec: ServiceSpec, settings: Any) -> dict[str, str]:
+    """The secret options as the environment variables the child's settings read them from (their env
+    twins, e.g. ``HARNESSMESH_GATEWAY_API_KEY``); unset ones are left out."""
+    out: dict[str, str] = {}
+    for f in fields_of(type(settings)):
+        value = getattr(settings, f.name)
+        if f.metadata.get("secret") and value:
+            out[env_name(spec.name, f)] = ",".join(value) if isinstance(value, list) else str(value)
+    return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 import structlog
 
 from services.common.grpc_util import check_health, open_channel
-from services.launcher.specs import ServiceSpec, child_argv
+from services.launcher.specs import ServiceSpec, child_argv, child_secrets
 
 STOP_GRACE = 10.0  # seconds a child gets between SIGTERM and SIGKILL
 RESTART_POLICIES = ("on-failure", "never")
@@ -139,8 +140,9 @@ class Supervisor:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_file = (self.log_dir / f"{name}.log").open("ab" if append else "wb")
         try:
-            return await asyncio.create_subprocess_exec(sys.executable, *child_argv(spec, settings),
-                                                        stdout=log_file, stderr=log_file)
+            return await asyncio.create_subprocess_exec(
+                sys.executable, *child_argv(spec, settings), stdout=log_file, stderr=log_file,
+                env={**os.environ, **child_secrets(spec, settings)})  # secrets by environment, never argv
         finally:
             if log_file is not None:
                 log_file.close()  # the child holds its own descriptor

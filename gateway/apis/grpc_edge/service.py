@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.apis.grpc_edge.errors import abort, error_batch, redact
+from gateway.auth import ApiKeys
 from gateway.identity import resolve_identity
 from gateway.parse_client import ParseClient
 from services.api import chat_pb2, chat_pb2_grpc
@@ -24,14 +25,21 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
     (``errors.py``). A cancelled RPC cancels the parse call.
     """
 
-    def __init__(self, parse: ParseClient) -> None:
+    def __init__(self, parse: ParseClient, keys: ApiKeys | None = None) -> None:
         self._parse = parse
+        self._keys = keys or ApiKeys(())
+
+    async def _authenticate(self, context: Any) -> None:
+        """End the call UNAUTHENTICATED unless it carries an accepted key (as HTTP: bearer or x-api-key)."""
+        if not self._keys.allows(_metadata(context)):
+            await errors.abort_with(context, errors.UnauthenticatedError("Incorrect or missing API key."))
 
     async def Chat(
         self, request: chat_pb2.ChatRequest, context: Any
     ) -> AsyncIterator[chat_pb2.ChatEventBatch]:
         sent = False
         request_id = request.request_id or uuid.uuid4().hex
+        await self._authenticate(context)
         try:
             if not request.messages:
                 raise errors.InvalidRequestError("messages must not be empty", param="messages")
@@ -54,6 +62,7 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
     async def GetModel(
         self, request: chat_pb2.ModelInfoRequest, context: Any
     ) -> chat_pb2.ModelInfo:
+        await self._authenticate(context)
         try:
             info = await self._parse.get_model()
         except errors.MeshError as err:
