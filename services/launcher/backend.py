@@ -33,6 +33,7 @@ async def start_backend(
     *,
     workers: int,
     nats_url: str,
+    nats_token: str = "",
     deadline: float,
     values: Mapping[str, Any] | None = None,
     router_options: Mapping[str, Any] | None = None,
@@ -44,7 +45,7 @@ async def start_backend(
     ``router_options`` / ``worker_options(name)`` under the wiring chosen here (addresses, ports, ids).
     """
     values = dict(values or {})
-    wiring = {"nats_url": nats_url, "host": "127.0.0.1"}
+    wiring = {"nats_url": nats_url, "nats_token": nats_token, "host": "127.0.0.1"}
     port = free_port()
     router_settings = build_settings(ROUTER.settings_class(), values, {**(router_options or {}), **wiring,
                                                                        "port": port})

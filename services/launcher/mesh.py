@@ -32,6 +32,7 @@ class Endpoints:
     grpc: str
     nats: str
     workers: list[str] = field(default_factory=list)
+    nats_token_file: str = ""  # the started nats-server's token (0600), for your own NATS client
     metrics: dict[str, str] = field(default_factory=dict)  # process name -> its /metrics URL
 
 
@@ -43,6 +44,7 @@ class Mesh:
         self.values = values
         self.supervisor = Supervisor(log=log, restart=launcher.restart)
         self.endpoints: Endpoints | None = None
+        self._nats_token_file = ""
         self.metrics: dict[str, str] = {}
 
     def _metrics_port(self, name: str) -> dict[str, Any]:
@@ -53,15 +55,17 @@ class Mesh:
 
     async def start(self) -> Endpoints:
         deadline = deadline_in(self.launcher.startup_timeout)
-        nats_url = self.launcher.nats_url
+        nats_url, nats_token = self.launcher.nats_url, self.launcher.nats_token
         if not nats_url:
             nats = NatsServer(self.launcher.nats_port or free_port())
             self.supervisor.adopt(nats)
             await nats.start(self.launcher.startup_timeout)
-            nats_url = nats.url
-            log.info("mesh.nats_started", url=nats_url)
+            nats_url, nats_token = nats.url, nats.token
+            self._nats_token_file = str(nats.token_file)
+            log.info("mesh.nats_started", url=nats_url, auth="token", token_file=self._nats_token_file)
         backend = await start_backend(
-            self.supervisor, workers=self.launcher.workers, nats_url=nats_url, deadline=deadline,
+            self.supervisor, workers=self.launcher.workers, nats_url=nats_url, nats_token=nats_token,
+            deadline=deadline,
             values=self.values, router_options=self._metrics_port("router"), worker_options=self._metrics_port)
 
         parse_port = free_port()
@@ -85,6 +89,7 @@ class Mesh:
             grpc=f"127.0.0.1:{grpc_port}",
             nats=nats_url,
             workers=[w.grpc_address for w in backend.workers],
+            nats_token_file=self._nats_token_file,
             metrics={"gateway": f"http://127.0.0.1:{http_port}/metrics", **self.metrics},
         )
         return self.endpoints
@@ -127,4 +132,5 @@ class Mesh:
 def ready_line(endpoints: Endpoints) -> str:
     """The one machine-readable line ``harnessmesh up`` prints on stdout once the mesh is ready."""
     return json.dumps({"event": "mesh.ready", "http": endpoints.http, "grpc": endpoints.grpc,
-                       "nats": endpoints.nats, "workers": endpoints.workers, "metrics": endpoints.metrics})
+                       "nats": endpoints.nats, "nats_token_file": endpoints.nats_token_file,
+                       "workers": endpoints.workers, "metrics": endpoints.metrics})

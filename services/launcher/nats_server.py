@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
 import shutil
 import sys
 import tempfile
@@ -27,12 +29,33 @@ def find_nats_server() -> str:
 
 
 class NatsServer:
-    """Starts nats-server on loopback, waits until it accepts connections, stops it on close."""
+    """Starts nats-server on loopback, waits until it accepts connections, stops it on close.
+
+    The server requires ``token`` (made here, random): clients without it cannot connect. The token is
+    in a 0600 config file the server reads, never on its argv; the services get it in their environment.
+    """
 
     def __init__(self, port: int) -> None:
         self.port = port
+        self.token = secrets.token_urlsafe(24)
         self._data = tempfile.TemporaryDirectory(prefix="harnessmesh-nats-")
         self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def token_file(self) -> Path:
+        """A 0600 file holding the token, for an operator's own NATS client (the ready line names it)."""
+        path = Path(self._data.name) / "nats.token"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_text(self.token)
+        return path
+
+    def _config(self) -> Path:
+        path = Path(self._data.name) / "nats.conf"
+        path.touch(mode=0o600)
+        path.write_text(f"listen: 127.0.0.1:{self.port}\njetstream {{ store_dir: {json.dumps(self._data.name)} }}\n"
+                        f"authorization {{ token: {json.dumps(self.token)} }}\n")
+        return path
 
     @property
     def url(self) -> str:
@@ -40,7 +63,7 @@ class NatsServer:
 
     async def start(self, timeout: float) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            find_nats_server(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self._data.name,
+            find_nats_server(), "-c", str(self._config()),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )
         loop = asyncio.get_running_loop()

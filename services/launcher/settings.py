@@ -21,6 +21,9 @@ class UpSettings(ProcessSettings):
     workers: int = option(1, "Number of worker processes.")
     nats_url: str = option("", "Use this NATS server instead of starting one (empty: start nats-server).",
                            shared=True)
+    nats_token: str = option(
+        "", "Token the NATS server requires (HARNESSMESH_NATS_TOKEN; with --nats-url: that server's token; "
+        "otherwise one is made for the nats-server started here).", shared=True, secret=True)
     nats_port: int = option(0, "Port of the nats-server the launcher starts (0: pick a free port).")
     startup_timeout: float = option(60.0, "Seconds to wait for every service to become healthy.")
     restart: str = option("on-failure", "What to do when a service process dies: start it again (with backoff; "

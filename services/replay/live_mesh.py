@@ -80,7 +80,7 @@ class LiveMesh:
         model = long_context_model(Path(self._tmp.name) / "model")
         quiet = {"log_level": "warning"}
         backend = await start_backend(
-            self.supervisor, workers=c.workers, nats_url=nats.url, deadline=deadline,
+            self.supervisor, workers=c.workers, nats_url=nats.url, nats_token=nats.token, deadline=deadline,
             router_options={**quiet, "router_mode": c.mode, "overlap_weight": c.overlap_weight,
                             "router_temperature": c.temperature, "worker_timeout": 30.0, "stall_timeout": 600.0},
             worker_options=lambda name: {

@@ -37,8 +37,13 @@ class WorkerEventsConsumer:
         on_worker_gone: Callable[[WorkerEndpoint, bool], Awaitable[None]],
         expire_interval: float = 0.5,
         probe: Callable[[WorkerEndpoint], Awaitable[bool]] | None = None,
+        verify: Callable[[WorkerEndpoint], Awaitable[bool]] | None = None,
     ) -> None:
         self._probe = probe  # a worker whose heartbeat is late stays while this says it is alive
+        # A worker joins only once this confirms it over gRPC (it answers at the address it announced,
+        # with the id it announced): a forged heartbeat on NATS gets no request.
+        self._verify = verify
+        self._verifying: dict[str, asyncio.Task[None]] = {}
         self._nc = nc
         self._ns = namespace
         self._router = router
@@ -57,6 +62,8 @@ class WorkerEventsConsumer:
         self._expirer = asyncio.create_task(self._expire_loop())
 
     async def stop(self) -> None:
+        for task in list(self._verifying.values()):
+            task.cancel()
         if self._expirer is not None:
             self._expirer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -91,6 +98,26 @@ class WorkerEventsConsumer:
                 log.info("router.worker_left", worker_id=gone.worker_id, address=gone.address)
                 await self._on_gone(gone, False)
             return
+        known = self._router.registry.get(wid)
+        if self._verify is not None and known != endpoint:
+            if wid not in self._verifying:
+                self._verifying[wid] = asyncio.create_task(self._join_verified(beat, endpoint))
+            return
+        self._on_live_heartbeat(beat, endpoint)
+
+    async def _join_verified(self, beat: kv_pb2.WorkerHeartbeat, endpoint: WorkerEndpoint) -> None:
+        try:
+            assert self._verify is not None
+            if await self._verify(endpoint):
+                self._on_live_heartbeat(beat, endpoint)
+            else:
+                log.warning("router.worker_unverified", worker_id=endpoint.worker_id, address=endpoint.address,
+                            reason="its gRPC service does not answer with the announced id: not routed to")
+        finally:
+            self._verifying.pop(endpoint.worker_id, None)
+
+    def _on_live_heartbeat(self, beat: kv_pb2.WorkerHeartbeat, endpoint: WorkerEndpoint) -> None:
+        wid = endpoint.worker_id
         index = self._router.index
         if self._router.on_heartbeat(endpoint):
             log.info("router.worker_joined", worker_id=wid, address=endpoint.address,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import grpc
 import structlog
 from nats.aio.client import Client as NatsClient
 from opentelemetry import trace
@@ -79,7 +80,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     proxy = Proxy(router, limits, admission=admission, tracer=tracer, metrics=metrics)
     servicer = RouterServicer(proxy, channels, registry)
     prompt_reuse.watch(metrics.registry, servicer.prompts)
-    nc = await connect_nats(settings.nats_url, "harnessmesh-router")
+    nc = await connect_nats(settings.nats_url, "harnessmesh-router", token=settings.nats_token)
 
     async def on_gone(endpoint: WorkerEndpoint, expired: bool) -> None:
         if expired:
@@ -89,7 +90,15 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     async def probe(endpoint: WorkerEndpoint) -> bool:  # liveness without NATS: the worker's own health
         return await check_health(channels.channel(endpoint.address), deadline=0.5)
 
-    consumer = WorkerEventsConsumer(nc, settings.namespace, router, recoverer, on_gone, probe=probe)
+    async def verify(endpoint: WorkerEndpoint) -> bool:  # the worker at that address is the one announced
+        try:
+            info = await channels.stub(endpoint.address).Info(worker_pb2.WorkerInfoRequest(), timeout=1.0)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(info.worker_id == endpoint.worker_id)
+
+    consumer = WorkerEventsConsumer(nc, settings.namespace, router, recoverer, on_gone, probe=probe,
+                                    verify=verify)
     server = GrpcServer(tracing, settings.host, settings.port)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server.server)
     server.add_mux({mux.method_name("Router", "Generate"):

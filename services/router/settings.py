@@ -17,6 +17,8 @@ class RouterSettings(CommonSettings):
     port: int = option(50052, "gRPC port of the router (0: pick a free port).", wiring=True)
     nats_url: str = option("nats://127.0.0.1:4222", "NATS server carrying KV events and worker heartbeats.",
                            shared=True)
+    nats_token: str = option("", "Token the NATS server requires (HARNESSMESH_NATS_TOKEN; `harnessmesh up` makes "
+                             "one for the nats-server it starts).", shared=True, secret=True)
     router_mode: str = option("kv", "Placement policy.", choices=MODES, shared=True)
     overlap_weight: float = option(
         DEFAULT_OVERLAP_WEIGHT, "Cost weight of prefill blocks a worker would have to compute.")

@@ -85,7 +85,7 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     server.add_mux({mux.method_name("Worker", "Generate"):
                     mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})
-    nc = await connect_nats(settings.nats_url, worker_id)
+    nc = await connect_nats(settings.nats_url, worker_id, token=settings.nats_token)
     try:
         await engine.start()
         publisher = KvPublisher(nc, engine, info, namespace=settings.namespace,

@@ -59,8 +59,8 @@ async def test_repeated_prefixes_land_on_the_worker_holding_them(mesh: RunningMe
             assert again.cached_tokens >= 16 * 10
 
 
-async def heartbeat_counts(nats_url: str, seconds: float) -> dict[str, int]:
-    nc = await nats.connect(nats_url)
+async def heartbeat_counts(nats_url: str, seconds: float, token: str) -> dict[str, int]:
+    nc = await nats.connect(nats_url, token=token)
     counts: dict[str, int] = {}
 
     async def on_beat(msg: object) -> None:
@@ -85,11 +85,11 @@ async def test_client_disconnect_frees_the_worker_request(mesh: RunningMesh) -> 
         lines = response.aiter_lines()
         for _ in range(3):
             await anext(lines)
-        busy = await heartbeat_counts(mesh.nats, 0.6)
+        busy = await heartbeat_counts(mesh.nats, 0.6, mesh.nats_token)
         assert sum(busy.values()) == 1, busy
     # Leaving the block closed the HTTP connection mid-stream.
     for _ in range(20):
-        idle = await heartbeat_counts(mesh.nats, 0.5)
+        idle = await heartbeat_counts(mesh.nats, 0.5, mesh.nats_token)
         if idle and sum(idle.values()) == 0:
             break
     assert idle and sum(idle.values()) == 0, idle

@@ -29,6 +29,7 @@ class RunningMesh:
     process: subprocess.Popen[bytes]
     log_path: Path
     metrics: dict[str, str] = field(default_factory=dict)  # process name -> /metrics URL
+    nats_token: str = ""  # the mesh's NATS requires it
 
 
 @contextmanager
@@ -44,8 +45,9 @@ def running_mesh(
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env)
         try:
             ready = _wait_ready(proc, timeout, log_path)
+            token_file = ready.get("nats_token_file") or ""
             yield RunningMesh(ready["http"], ready["grpc"], ready["nats"], ready["workers"], proc, log_path,
-                              ready.get("metrics", {}))
+                              ready.get("metrics", {}), Path(token_file).read_text() if token_file else "")
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
