@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.apis.anthropic import anthropic_routes
 from gateway.apis.anthropic import errors as anthropic_errors
@@ -75,6 +75,39 @@ class RequestSpanMiddleware:
         ) as span:
             await self.app(scope, receive, send_with_status)  # type: ignore[arg-type]
             span.set_attribute("http.response.status_code", status)
+
+
+class BodyLimitMiddleware:
+    """Refuses a request body over ``limit`` bytes with 413 in its API's shape: at once from its
+    ``Content-Length``, else (chunked) the moment the bytes read pass the limit, before any more is read."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        too_large = errors.RequestTooLargeError(
+            f"the request body is over this server's limit of {self.limit} bytes", param="body")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limit:
+            await _api_error(request, too_large)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise too_large
+            return message
+
+        await self.app(scope, limited, send)
 
 
 class ApiKeyMiddleware:
@@ -166,5 +199,6 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
     )
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_key)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     app.add_middleware(RequestSpanMiddleware, tracer=tracer or trace.get_tracer("harnessmesh.gateway"))
     return app

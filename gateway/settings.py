@@ -34,6 +34,8 @@ class GatewaySettings(CommonSettings):
     max_queued_requests: int = option(
         -1, "Chat turns that may wait for a slot, highest priority first (-1: as many as --max-concurrent-requests).")
     max_queue_wait: float = option(10.0, "Seconds a turn may wait for a slot before it is refused.")
+    max_request_bytes: int = option(
+        32 << 20, "Largest request body accepted (bytes); a larger one gets 413 before it is read past the limit.")
     enable_anthropic_api: bool = option(
         True, "Serve the Anthropic Messages API (POST /v1/messages, POST /v1/messages/count_tokens).")
     strip_anthropic_preamble: bool = option(

@@ -45,6 +45,12 @@ class ContextLengthError(InvalidRequestError):
     http_status = 400
 
 
+class RequestTooLargeError(InvalidRequestError):
+    """The request body is over the edge's size limit (refused before it is read past the limit)."""
+
+    http_status = 413
+
+
 class NotFoundError(MeshError):
     """An unknown model or resource."""
 

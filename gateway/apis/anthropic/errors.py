@@ -21,6 +21,7 @@ from services.common import errors
 # (error class, Anthropic type, HTTP status); the most specific class first.
 _SHAPES: tuple[tuple[type[errors.MeshError], str, int], ...] = (
     (errors.ContextLengthError, "invalid_request_error", 400),
+    (errors.RequestTooLargeError, "request_too_large", 413),
     (errors.InvalidRequestError, "invalid_request_error", 400),
     (errors.NotFoundError, "not_found_error", 404),
     (errors.UnavailableError, "overloaded_error", 529),

@@ -18,6 +18,7 @@ from services.common import errors
 # (type, code) per error class; the most specific class wins (ContextLengthError before InvalidRequest).
 _SHAPES: tuple[tuple[type[errors.MeshError], str, str | None], ...] = (
     (errors.ContextLengthError, "invalid_request_error", "context_length_exceeded"),
+    (errors.RequestTooLargeError, "invalid_request_error", "request_too_large"),
     (errors.InvalidRequestError, "invalid_request_error", None),
     (errors.NotFoundError, "not_found_error", "model_not_found"),
     (errors.OverloadedError, "rate_limit_error", "overloaded"),
