@@ -58,7 +58,16 @@ def sampling_params(
     *, max_tokens: int = 0, stop: Iterable[str] = (), temperature: float | None = None, top_p: float | None = None,
     top_k: int | None = None, seed: int | None = None, ignore_eos: bool = False,
 ) -> common_pb2.SamplingParams:
-    """The canonical sampling parameters; a value the client left out stays unset (the model's default)."""
+    """The canonical sampling parameters; a value the client left out stays unset (the model's default).
+
+    Out-of-range integers are a 400 naming the field; a ``max_tokens`` beyond 32 bits is the largest one
+    (the parse service fits it to the context anyway).
+    """
+    if max_tokens < 0:
+        raise InvalidRequestError(f"max_tokens must not be negative, got {max_tokens}", param="max_tokens")
+    max_tokens = min(max_tokens, _INT32_MAX)
+    _in_range("top_k", top_k, -1, _INT32_MAX)
+    _in_range("seed", seed, -(2**63), 2**63 - 1)
     sampling = common_pb2.SamplingParams(max_tokens=max_tokens, stop=list(stop), ignore_eos=ignore_eos)
     if temperature is not None:
         sampling.temperature = temperature
@@ -69,6 +78,14 @@ def sampling_params(
     if seed is not None:
         sampling.seed = seed
     return sampling
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _in_range(name: str, value: int | None, low: int, high: int) -> None:
+    if value is not None and not low <= value <= high:
+        raise InvalidRequestError(f"{name} must be between {low} and {high}, got {value}", param=name)
 
 
 def mode_tool_choice(mode: str, tools: Sequence[chat_pb2.Tool]) -> chat_pb2.ToolChoice:
