@@ -25,7 +25,8 @@ class ParseSettings(CommonSettings):
                                    choices=("", *REASONING_PARSERS))
     tool_parser: str = option("", "Tool-call parser of the model's output (empty: none).", shared=True,
                               choices=("", *TOOL_PARSERS))
-    max_model_len: int = option(0, "Context length in tokens (0: from the model's config).")
+    max_model_len: int = option(0, "Context length in tokens (0: from the model's config); the parse service "
+                                "and the workers both use it.", shared=True)
     router_retry: float = option(
         5.0, "Seconds to keep retrying a router stream that fails unavailable before its first token (a "
         "router restarting); 0: fail at once.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 from dataclasses import dataclass
 
@@ -70,6 +71,8 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     """Build and start every part of a worker; raise (with everything closed) if one fails."""
     worker_id = settings.worker_id or f"worker-{secrets.token_hex(4)}"
     model = load_model_dir(settings.model)
+    if settings.max_model_len:  # one option for the whole mesh: the parse service fits prompts to it too
+        model = dataclasses.replace(model, max_model_len=settings.max_model_len)
     engine = build_engine(settings, model)
     server = GrpcServer(tracing, settings.host, settings.port)
     address = f"{settings.advertise_host or server.host}:{server.port}"

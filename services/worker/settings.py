@@ -71,6 +71,8 @@ class WorkerSettings(CommonSettings):
     engine: str = option(MockerSettings.NAME, "Engine serving this worker.", choices=ENGINE_NAMES)
     model: str = option("", "Model directory (Hugging Face layout; empty: the repo's demo model).", shared=True)
     nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL.", shared=True)
+    max_model_len: int = option(0, "Context length in tokens (0: from the model's config); the parse service "
+                                "and the workers both use it.", shared=True)
     nats_token: str = option("", "Token the NATS server requires (HARNESSMESH_NATS_TOKEN; `harnessmesh up` makes "
                              "one for the nats-server it starts).", shared=True, secret=True)
     block_size: int = option(_BATCHING.block_size, "Tokens per KV block.")
