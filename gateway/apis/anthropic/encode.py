@@ -56,6 +56,12 @@ _STOP_REASONS = {
 PING = typed_events([{"type": "ping"}])
 
 
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's form of a tool call id: ``toolu_...`` (clients and dashboards key on the prefix); the
+    mesh's ``call_...`` ids are renamed, an id of another form is kept. The client sends it back as it got it."""
+    return "toolu_" + call_id.removeprefix("call_") if call_id.startswith("call_") else call_id
+
+
 @dataclass
 class _Block:
     kind: str  # thinking | text | tool_use
@@ -186,7 +192,8 @@ class MessageEncoder:
         self._delta(block, {"type": "text_delta", "text": (pending + text).lstrip("\n")}, out)
 
     def _tool_start(self, call: ToolCall, out: list[Event]) -> None:
-        block = self._start("tool_use", {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}, out)
+        block = self._start("tool_use", {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name,
+                                         "input": {}}, out)
         self._tools[call.index] = block
 
     def _tool_delta(self, call: ToolCall, piece: str, out: list[Event]) -> None:

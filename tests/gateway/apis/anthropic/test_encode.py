@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.apis.anthropic.encode import MessageEncoder
+from gateway.apis.anthropic.encode import MessageEncoder, tool_use_id
 from gateway.apis.anthropic.signing import ThinkingSigner
 from gateway.streaming import typed_events
 from services.api import chat_pb2, common_pb2
@@ -172,3 +172,13 @@ def test_signatures() -> None:
     assert SIGNER.verify("abc", "") == "missing"
     assert SIGNER.verify("abc", "EqQBCkgIARABGAIiQL") == "foreign"
     assert ThinkingSigner("other").verify("abc", sig) == "invalid"
+
+
+def test_tool_use_ids_take_anthropics_prefix() -> None:
+    _, outs = encode(
+        batch(started(), call_start(0, "call_4f2a9c", "Bash"), call_args(0, '{"command": "ls"}')),
+        batch(dispatch(0, "call_4f2a9c", "Bash", '{"command": "ls"}'), finish(common_pb2.FINISH_REASON_TOOL_CALLS)),
+    )
+    (start,) = [e for e in flat(outs) if e["type"] == "content_block_start"]
+    assert start["content_block"]["id"] == "toolu_4f2a9c"
+    assert tool_use_id("toolu_x") == "toolu_x" and tool_use_id("t1") == "t1"  # a client's own ids are kept
