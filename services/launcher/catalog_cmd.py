@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -180,8 +181,9 @@ def _provider(card: dict[str, Any], url: str, api_key: str) -> dict[str, Any]:
 
 
 def pi(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
+    """``~/.pi/agent/models.json``, whole: stdout is the file (where to put it goes to stderr)."""
     body = json.dumps({"providers": {"harnessmesh": _provider(card, url, API_KEY_ENV)}}, indent=2)
-    return body, f"# ~/.pi/agent/models.json, then: pi --provider harnessmesh --model {card['id']}\n{body}"
+    return body, body
 
 
 def openclaw(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
@@ -190,7 +192,7 @@ def openclaw(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple
         "agents": {"defaults": {"model": {"primary": f"harnessmesh/{card['id']}"}}},
     }
     body = json.dumps(config, indent=2)
-    return body, f"# merge into ~/.openclaw/openclaw.json\n{body}"
+    return body, body
 
 
 _RENDERERS: dict[str, Callable[[dict[str, Any], str, CatalogSettings], tuple[str, str]]] = {
@@ -198,12 +200,21 @@ _RENDERERS: dict[str, Callable[[dict[str, Any], str, CatalogSettings], tuple[str
 }
 
 
+# Where a JSON config goes (printed to stderr: stdout is the file itself, valid JSON for the harness).
+_JSON_FILES = {
+    "pi": "save as ~/.pi/agent/models.json, then: pi --provider harnessmesh --model {model}",
+    "openclaw": "merge into ~/.openclaw/openclaw.json (or save it there)",
+}
+
+
 def run(ns: argparse.Namespace) -> int:
     """Print the harness's config; 0 on success (fetch errors exit with a message)."""
     settings = settings_from_namespace(CatalogSettings, ns)
     url = settings.url.rstrip("/").removesuffix("/v1")
-    card = fetch_card(url, settings.model, settings.api_key)
+    card = fetch_card(url, settings.model, settings.api_key or os.environ.get(API_KEY_ENV, ""))
     machine, human = _RENDERERS[ns.harness](card, url, settings)
+    if ns.harness in _JSON_FILES:
+        print("# " + _JSON_FILES[ns.harness].format(model=card["id"]), file=sys.stderr)
     if settings.only == "catalog":
         print(machine)
     elif settings.only == "config" or ns.harness != "codex":

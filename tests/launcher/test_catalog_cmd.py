@@ -80,3 +80,25 @@ async def test_unknown_model_and_unreachable_mesh(served: str) -> None:
         await asyncio.to_thread(main, ["catalog", "pi", "--url", served, "--model", "other"])
     with pytest.raises(SystemExit, match="cannot read"):
         await asyncio.to_thread(main, ["catalog", "codex", "--url", f"http://127.0.0.1:{free_port()}"])
+
+
+async def test_pi_and_openclaw_output_is_the_file_itself_and_the_key_comes_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeParse()
+    server, address = await start_fake_parse(fake)
+    gateway = Gateway(GatewaySettings(http_port=0, grpc_port=0, parse_address=address, api_key=["sk-catalog"]),
+                      tracing=None)
+    await gateway.start()
+    try:
+        monkeypatch.setenv("HARNESSMESH_API_KEY", "sk-catalog")  # the key the harness config refers to
+        capsys.readouterr()  # the gateway's own start-up lines
+        for harness in ("pi", "openclaw"):
+            code = await asyncio.to_thread(main, ["catalog", harness, "--url", gateway.http_url])
+            captured = capsys.readouterr()
+            assert code == 0
+            json.loads(captured.out)  # the whole of stdout is valid JSON: `> models.json` just works
+            assert captured.err.startswith("# ")  # where to put it goes to stderr
+    finally:
+        await gateway.stop()
+        await server.stop(0)
