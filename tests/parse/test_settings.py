@@ -13,7 +13,7 @@ from services.parse.settings import ParseSettings
 
 def test_defaults_and_shared_env() -> None:
     s = parse_settings(ParseSettings, "parse", [], {"HARNESSMESH_TOOL_PARSER": "hermes",
-                                                    "HARNESSMESH_PARSE_MAX_MODEL_LEN": "2048"})
+                                                    "HARNESSMESH_MAX_MODEL_LEN": "2048"})
     assert (s.port, s.router_address, s.model, s.tool_parser, s.max_model_len) == (
         0, "127.0.0.1:50052", "", "hermes", 2048)
     assert s.strip_billing_header is True
