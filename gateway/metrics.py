@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.common.metrics import LATENCY_BUCKETS, RATIO_BUCKETS
+from gateway.admission import Admission
+from services.common.metrics import LATENCY_BUCKETS, RATIO_BUCKETS, CounterCallback, GaugeCallback
 
 _LABELS = ("model", "api")
 
@@ -40,3 +41,12 @@ class GatewayMetrics:
         self.harness_tool = Histogram(
             "harnessmesh_harness_tool_seconds", "The harness's tool time: our dispatch -> the tool result's arrival.",
             ("harness",), buckets=LATENCY_BUCKETS, registry=r)
+
+    def watch_admission(self, admission: Admission) -> None:
+        """The admission's slots, queue and refusals, read at scrape time."""
+        self.registry.register(GaugeCallback(
+            "harnessmesh_admission_turns", "Chat turns holding a slot (running) and waiting for one (queued).",
+            ("state",), lambda: {("running",): float(admission.active), ("queued",): float(admission.queued)}))
+        self.registry.register(CounterCallback(
+            "harnessmesh_admission_refused", "Chat turns refused as overload (429 / 529 / RESOURCE_EXHAUSTED).",
+            (), lambda: {(): float(admission.refused)}))

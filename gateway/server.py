@@ -71,6 +71,7 @@ class Gateway:
             aliases=settings.model_aliases(), turns=TurnTracker(tracer, self.metrics, self.records),
             streams=self._streams, admission=admission_of(settings),
         )
+        self.metrics.watch_admission(self.parse.admission)
         self.app = create_app(self.parse, settings, tracer, self.metrics)
         self._metrics_server: MetricsServer | None = None
         self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port)

@@ -44,6 +44,9 @@ async def test_a_burst_beyond_slots_and_queue_is_refused_early_in_each_api_shape
                 assert int(response.headers["retry-after"]) >= 1
                 assert seconds < 1.0  # refused at once, not after queueing
             assert all(r.json()["usage"]["completion_tokens"] == 24 for r in served)
+            metrics = (await http.get(mesh.http + "/metrics")).text
+            assert f"harnessmesh_admission_refused_total {float(len(refused))}" in metrics
+            assert 'harnessmesh_admission_turns{state="queued"}' in metrics
 
             fill = [asyncio.create_task(timed_post(http, mesh.http + "/v1/chat/completions", BODY))
                     for _ in range(8)]
