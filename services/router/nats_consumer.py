@@ -134,7 +134,9 @@ class WorkerEventsConsumer:
         while True:
             await asyncio.sleep(self._expire_interval)
             if self._probe is not None:
-                late = self._router.overdue()
+                # probed from half the timeout on: a probe that fails once (a loaded machine) is tried
+                # again before the worker would expire
+                late = self._router.overdue(0.5)
                 alive = await asyncio.gather(*(self._probe(ep) for ep in late))
                 for ep, ok in zip(late, alive, strict=True):
                     if not ok:

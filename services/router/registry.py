@@ -58,9 +58,9 @@ class WorkerRegistry:
         entry = self._entries.pop(worker_id, None)
         return entry.endpoint if entry is not None else None
 
-    def overdue(self) -> list[WorkerEndpoint]:
-        """Workers whose last heartbeat is older than the timeout (still registered)."""
-        cutoff = self._clock() - self._timeout
+    def overdue(self, fraction: float = 1.0) -> list[WorkerEndpoint]:
+        """Workers not seen for ``fraction`` of the timeout (still registered)."""
+        cutoff = self._clock() - self._timeout * fraction
         return [e.endpoint for e in self._entries.values() if e.last_seen < cutoff]
 
     def touch(self, worker_id: str) -> None:

@@ -97,9 +97,9 @@ class Router:
             self.index.remove_worker(ep.worker_id)
         return gone
 
-    def overdue(self) -> list[WorkerEndpoint]:
+    def overdue(self, fraction: float = 1.0) -> list[WorkerEndpoint]:
         """Workers whose heartbeat is late (see :meth:`WorkerRegistry.overdue`)."""
-        return self.registry.overdue()
+        return self.registry.overdue(fraction)
 
     def place(
         self,

@@ -88,7 +88,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
         admission.pump()
 
     async def probe(endpoint: WorkerEndpoint) -> bool:  # liveness without NATS: the worker's own health
-        return await check_health(channels.channel(endpoint.address), deadline=0.5)
+        return await check_health(channels.channel(endpoint.address), deadline=1.0)
 
     async def verify(endpoint: WorkerEndpoint) -> bool:  # the worker at that address is the one announced
         try:
