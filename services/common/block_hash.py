@@ -142,7 +142,7 @@ class PrefixHashCache:
             e_salt, e_data, e_hashes = self._entries[key]
             if e_salt != salt or len(e_hashes) <= best or e_data[:width] != data[:width]:
                 continue
-            n = _common_blocks(e_data, data, min(len(e_hashes), full), width)
+            n = common_blocks(e_data, data, min(len(e_hashes), full), width)
             if n > best:
                 best_key, best = key, n
         out: list[int] = []
@@ -162,7 +162,7 @@ class PrefixHashCache:
         return out
 
 
-def _common_blocks(a: bytes, b: bytes, limit: int, width: int) -> int:
+def common_blocks(a: bytes, b: bytes, limit: int, width: int) -> int:
     """How many leading ``width``-byte blocks (at most ``limit``) ``a`` and ``b`` share (memcmp, whole first)."""
     end = limit * width
     if b.startswith(a if len(a) == end else a[:end]):

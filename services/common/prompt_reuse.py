@@ -29,13 +29,13 @@ import xxhash
 from prometheus_client import CollectorRegistry
 
 from services.api import worker_pb2
+from services.common.block_hash import common_blocks
 from services.common.errors import PromptBaseUnknownError
 from services.common.metrics import CounterCallback
 from services.common.mux import GenerateStub, MuxCall
 
 MIN_REUSE_TOKENS = 2048        # a shorter shared prefix is as cheap to send again
 DEFAULT_MAX_BYTES = 256 << 20  # per store / sender: ~650 sessions of 100k tokens
-_CHUNK = 64 << 10
 _CONTENT_KEY_BYTES = 4 * 1024  # an anonymous prompt's key: its first 1,024 tokens
 
 
@@ -44,25 +44,8 @@ def digest(data: bytes | memoryview) -> int:
 
 
 def common_prefix_tokens(a: bytes, b: bytes) -> int:
-    """How many leading packed tokens ``a`` and ``b`` share (C-speed compares, chunk by chunk)."""
-    n = min(len(a), len(b))
-    lo = 0
-    while lo < n:  # whole chunks first: most of a session's prompt is shared
-        hi = min(lo + _CHUNK, n)
-        if a[lo:hi] != b[lo:hi]:
-            break
-        lo = hi
-    else:
-        return n // 4
-    while hi - lo > 64:  # then halve the differing chunk
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while lo < hi and a[lo] == b[lo]:
-        lo += 1
-    return lo // 4
+    """How many leading packed tokens ``a`` and ``b`` share (memcmp, as the router's hash cache compares)."""
+    return common_blocks(a, b, min(len(a), len(b)) // 4, 4)
 
 
 def prompt_key(session: str, packed: bytes) -> str:
