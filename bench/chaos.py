@@ -32,9 +32,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.chaos.test_nats_outage import nats_server_pid
-from tests.chaos.test_supervision import child_pids
 from tests.support.mesh import RunningMesh, running_mesh
+from tests.support.procs import child_pids
 
 MAX_TOKENS = 32
 
@@ -120,7 +119,7 @@ async def scenario_nats(tmp: Path, requests: int) -> dict[str, Any]:
     args = ["--workers", "2", "--speedup", "20", "--worker-timeout", "2", "--heartbeat-interval", "0.2",
             "--served-model-name", "demo"]
     with running_mesh(args, tmp / "nats.log") as mesh:
-        nats = nats_server_pid(mesh.process.pid)
+        (nats,) = child_pids(mesh.process.pid, "nats-server")
         os.kill(nats, signal.SIGSTOP)
         try:
             results = []

@@ -14,29 +14,16 @@ import httpx
 import pytest
 
 from tests.support.mesh import running_mesh
+from tests.support.procs import child_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-def nats_server_pid(parent: int) -> int:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0]
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and os.path.basename(argv0) == b"nats-server":
-            return int(entry.name)
-    raise AssertionError("no nats-server child")
 
 
 async def test_an_8_s_nats_outage_fails_no_request(tmp_path: Path) -> None:
     args = ["--workers", "2", "--speedup", "50", "--worker-timeout", "2", "--heartbeat-interval", "0.2",
             "--served-model-name", "demo", "--log-level", "info"]
     with running_mesh(args, tmp_path / "mesh.log") as mesh:
-        nats = nats_server_pid(mesh.process.pid)
+        (nats,) = child_pids(mesh.process.pid, "nats-server")
         async with httpx.AsyncClient(timeout=30) as http:
 
             async def chat(i: int) -> int:

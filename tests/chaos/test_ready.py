@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.chaos.test_supervision import child_pids
 from tests.support.mesh import running_mesh
+from tests.support.procs import child_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

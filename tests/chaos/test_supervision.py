@@ -13,24 +13,9 @@ import httpx
 import pytest
 
 from tests.support.mesh import RunningMesh, running_mesh
+from tests.support.procs import child_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-def child_pids(parent: int, module: str) -> list[int]:
-    """Pids of ``parent``'s children running ``python -m <module>`` (read from /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and module.encode() in argv:
-            pids.append(int(entry.name))
-    return sorted(pids)
 
 
 async def chat(http: httpx.AsyncClient, mesh: RunningMesh, i: int) -> int:

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from services.api import chat_pb2, chat_pb2_grpc
-from tests.chaos.test_supervision import child_pids
 from tests.support.mesh import running_mesh
+from tests.support.procs import child_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
