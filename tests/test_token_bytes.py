@@ -18,6 +18,8 @@ def test_pack_unpack_round_trip(ids: list[int]) -> None:
     data = token_bytes.pack(ids)
     assert len(data) == 4 * len(ids) and token_bytes.count(data) == len(ids)
     assert token_bytes.unpack(data) == ids
+    ids_array = token_bytes.unpack_array(data)
+    assert list(ids_array) == ids and token_bytes.pack(ids_array) == data  # packed again as a buffer copy
 
 
 def test_little_endian_layout() -> None:
@@ -33,6 +35,8 @@ def test_ids_outside_u32_are_an_invalid_request(bad: list[object]) -> None:
 def test_a_torn_buffer_is_an_invalid_request() -> None:
     with pytest.raises(InvalidRequestError, match="multiple of 4"):
         token_bytes.unpack(b"\x01\x00\x00")
+    with pytest.raises(InvalidRequestError, match="multiple of 4"):
+        token_bytes.unpack_array(b"\x01\x00\x00\x00\x02")
 
 
 @pytest.mark.parametrize("block_size", [16, 64])

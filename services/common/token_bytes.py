@@ -26,6 +26,8 @@ def pack(token_ids: Sequence[int]) -> bytes:
 
 def le32(token_ids: Sequence[int]) -> bytes:
     """:func:`pack` for callers with their own error: raises ``OverflowError`` / ``TypeError`` as ``array`` does."""
+    if isinstance(token_ids, array) and token_ids.typecode == "I" and token_ids.itemsize == 4 and not _SWAP:
+        return token_ids.tobytes()  # ids unpacked by :func:`unpack_array`: a copy of their buffer
     data = array("I", token_ids)  # one C call, not one struct.pack per id
     if data.itemsize != 4:  # pragma: no cover - no platform we run on has a 2- or 8-byte C unsigned int
         return b"".join(int(t).to_bytes(4, "little", signed=False) for t in token_ids)
@@ -36,15 +38,21 @@ def le32(token_ids: Sequence[int]) -> bytes:
 
 def unpack(data: bytes) -> list[int]:
     """The token ids packed by :func:`pack`; a length that is not a multiple of 4 is an invalid request."""
+    return unpack_array(data).tolist()
+
+
+def unpack_array(data: bytes) -> array[int]:
+    """:func:`unpack` without making a Python int per id: an ``array('I')`` (a copy of ``data``, ~50 us for
+    100k ids where a list takes ~1.5 ms). :func:`le32` of it is a copy back."""
     if len(data) % 4:
         raise InvalidRequestError(f"packed token ids have {len(data)} bytes, not a multiple of 4", param="token_ids")
     ids = array("I")
     if ids.itemsize != 4:  # pragma: no cover
-        return [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
+        return array("L", [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)])
     ids.frombytes(data)
     if _SWAP:  # pragma: no cover
         ids.byteswap()
-    return ids.tolist()
+    return ids
 
 
 def count(data: bytes) -> int:

@@ -26,9 +26,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import attrgetter
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
+
+_REF_COUNT = attrgetter("ref_count")
 
 
 @dataclass(slots=True)
@@ -145,18 +148,27 @@ class BlockManager:
         if seq.length or seq.partial is not None:
             raise ValueError("acquire_prefix needs an empty sequence")
         full = self._full
-        prefix = self._prefix_hashes(seq, token_ids)
-        hits = list(map(full.__contains__, prefix))  # C-speed scans: a 100k-token prompt has thousands of blocks
-        matched = hits.index(False) if not all(hits) else len(hits)
-        hashes = prefix[:matched]
+        probe = self._valid_probe(seq, max(0, (len(token_ids) - 1) // self.block_size))
+        if probe is not None:  # the scheduler probed it just before: its scans hold
+            hashes = seq.known[: probe.matched]
+            idle = len(self._watch) == probe.matched
+        else:
+            prefix = self._prefix_hashes(seq, token_ids)
+            hits = list(map(full.__contains__, prefix))  # C-speed scans: a 100k-token prompt has thousands of blocks
+            hashes = prefix[: hits.index(False) if not all(hits) else len(hits)]
+            idle = False
         # What _ref does block by block, in bulk: every block gains a reference, the unreferenced ones leave
         # the LRU list.
+        blocks = list(map(full.__getitem__, hashes))
         leaving: list[int] = []
-        for h in hashes:
-            block = full[h]
-            if not block.ref_count:
-                leaving.append(h)
-            block.ref_count += 1
+        if idle or not any(map(_REF_COUNT, blocks)):  # the usual case: nobody else holds the prefix
+            deque(map(setattr, blocks, repeat("ref_count"), repeat(1)), maxlen=0)
+            leaving = hashes
+        else:
+            for block in blocks:
+                if not block.ref_count:
+                    leaving.append(block.block_hash)  # type: ignore[arg-type]  # full blocks have hashes
+                block.ref_count += 1
         if leaving:
             deque(map(self._inactive.pop, leaving, repeat(None)), maxlen=0)
             if self._watch and not self._watch.isdisjoint(leaving):
@@ -176,9 +188,8 @@ class BlockManager:
         prefix blocks left the list (``_watch``), and the block after its prefix is still not cached.
         """
         limit = max(0, (len(token_ids) - 1) // self.block_size)
-        last = self._probe
-        if (last is not None and last.seq is seq and last.limit == limit and last.epoch == self._lru_epoch
-                and (last.matched == limit or seq.known[last.matched] not in self._full)):
+        last = self._valid_probe(seq, limit)
+        if last is not None:
             return last.matched, len(self._watch)
         # C-speed scans (``map`` over bound methods)
         prefix = self._prefix_hashes(seq, token_ids)
@@ -191,6 +202,14 @@ class BlockManager:
         self._watch = set(filter(inactive.__contains__, prefix[:matched]))
         self._probe = _Probe(seq, limit, matched, self._lru_epoch)
         return matched, len(self._watch)
+
+    def _valid_probe(self, seq: KvSequence, limit: int) -> _Probe | None:
+        """The last probe when it was of ``seq`` with this ``limit`` and still holds (see :meth:`probe_prefix`)."""
+        last = self._probe
+        if (last is not None and last.seq is seq and last.limit == limit and last.epoch == self._lru_epoch
+                and (last.matched == limit or seq.known[last.matched] not in self._full)):
+            return last
+        return None
 
     def touch_prefix(self, seq: KvSequence, matched: int) -> None:
         """An admission that did not fit: leave the LRU order as acquiring the first ``matched`` blocks of
@@ -257,12 +276,17 @@ class BlockManager:
     def free(self, seq: KvSequence) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order)."""
         full, inactive = self._full, self._inactive
-        for h in reversed(seq.hashes):
-            block = full[h]
-            block.ref_count -= 1
-            if not block.ref_count:
-                # unreferenced now: into the LRU list, tail first (a sequence's hashes are distinct, none is there)
+        order = seq.hashes[::-1]  # into the LRU list tail first
+        blocks = list(map(full.__getitem__, order))
+        if list(map(_REF_COUNT, blocks)).count(1) == len(blocks):  # the usual case: it was the only holder
+            deque(map(setattr, blocks, repeat("ref_count"), repeat(0)), maxlen=0)
+            for h in order:  # a sequence's hashes are distinct, none is in the list (a loop beats update() here)
                 inactive[h] = None
+        else:
+            for h, block in zip(order, blocks, strict=True):
+                block.ref_count -= 1
+                if not block.ref_count:
+                    inactive[h] = None
         if seq.hashes:
             self._lru_epoch += 1
         if seq.partial is not None:

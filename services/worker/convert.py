@@ -29,7 +29,7 @@ def request_from_proto(msg: worker_pb2.GenerateRequest) -> EngineRequest:
     s = msg.sampling
     return EngineRequest(
         request_id=msg.request_id,
-        token_ids=token_bytes.unpack(msg.token_ids_u32),
+        token_ids=token_bytes.unpack_array(msg.token_ids_u32),  # ints made only where needed
         max_tokens=s.max_tokens,
         stop=tuple(s.stop),
         stop_token_ids=tuple(msg.stop_token_ids),

@@ -58,4 +58,5 @@ class MockerEngine(CoreEngine):
                 scripted = resumed_script(scripted, request.token_ids, request.continued_tokens)
         eos = self.model.eos_token_ids[0] if self.model.eos_token_ids else None
         filler = FillerText(self._vocab, filler_seed(request.token_ids, self.config.seed, request.seed))
-        return CoreRequest(checked, tokenizer=self.model.tokenizer, source=TokenSource(scripted, eos, filler))
+        return CoreRequest(checked, tokenizer=self.model.tokenizer, source=TokenSource(scripted, eos, filler),
+                           share_prompt=True)  # the prompt is never copied: nothing computes on its ids
