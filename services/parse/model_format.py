@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ class Prompt:
     never mutate it."""
 
     text: str
-    token_ids: list[int]
+    token_ids: Sequence[int]  # an array('I') or a list
     match_text: str
     schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     build: Build = "full"  # how the ids were obtained (see prompt_cache.py)
@@ -125,8 +125,8 @@ class ModelFormat:
             return list(self.model_dir.tokenizer.encode(text, add_special_tokens=True).ids)
         return self.model_dir.encoder.encode(text)
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self.model_dir.tokenizer.decode(token_ids, skip_special_tokens=False)
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.model_dir.tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
     def fit_max_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
         """``max_tokens`` reduced to the room the context leaves after the prompt (0 stays 0: engine default).

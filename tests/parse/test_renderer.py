@@ -144,7 +144,7 @@ def test_special_tokens_are_template_variables() -> None:
 def test_tokens_equal_encoding_the_rendered_text(demo: ModelFormat) -> None:
     prompt = demo.build_prompt(agent_conversation())
     tokenizer = demo.model_dir.tokenizer
-    assert prompt.token_ids == tokenizer.encode(prompt.text, add_special_tokens=False).ids
+    assert list(prompt.token_ids) == tokenizer.encode(prompt.text, add_special_tokens=False).ids
     assert prompt.text == demo.render(agent_conversation())
     assert demo.decode(prompt.token_ids) == prompt.text
 

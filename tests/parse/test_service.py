@@ -267,7 +267,7 @@ async def test_session_turns_build_incrementally_and_are_counted() -> None:
     prompts = [(await service._prompt(r, {}))[0] for r in (first, second, anonymous)]
     assert [(p.build, p.build_reason) for p in prompts] == [
         ("full", "new_key"), ("incremental", "extends"), ("full", "anonymous")]
-    assert prompts[1].token_ids == DEMO.tokenizer.encode(prompts[1].text, add_special_tokens=False).ids
+    assert list(prompts[1].token_ids) == DEMO.tokenizer.encode(prompts[1].text, add_special_tokens=False).ids
     assert 0 < prompts[1].reused_tokens < len(prompts[1].token_ids)
     registry = service.metrics.registry
     for build, reason in (("full", "new_key"), ("incremental", "extends"), ("full", "anonymous")):
