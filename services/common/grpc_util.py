@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.common.mux import DEFAULT_LINGER, MuxChannel, MuxMethod, add_mux_server
+from services.common.mux import DEFAULT_LINGER, MuxChannel, MuxMethod, MuxServer, add_mux_server
 from services.common.tracing import Tracing
 
 # Generous limits: prompts of 200K tokens travel as one message.
@@ -37,10 +37,11 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"cannot bind gRPC server to {host}:{port}")
         self.host = host
+        self._muxes: list[MuxServer] = []
 
     def add_mux(self, methods: Mapping[str, MuxMethod], linger: float = DEFAULT_LINGER) -> None:
         """Serve ``methods`` (full name -> handler) on mux sessions too (``services.common.mux``)."""
-        add_mux_server(self.server, methods, linger)
+        self._muxes.append(add_mux_server(self.server, methods, linger))
 
     @property
     def address(self) -> str:
@@ -52,8 +53,13 @@ class GrpcServer:
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float = 2.0) -> None:
+        """Health NOT_SERVING, then up to ``grace`` s for open streams to end (mux sessions refuse new streams
+        meanwhile), then stop: what is still open is cancelled."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        started = asyncio.get_running_loop().time()
+        for mux in self._muxes:
+            await mux.drain(max(0.0, grace - (asyncio.get_running_loop().time() - started)))
+        await self.server.stop(max(0.0, grace - (asyncio.get_running_loop().time() - started)))
 
 
 def open_mux_channel(target: str) -> MuxChannel:

@@ -176,10 +176,12 @@ class MuxContext:
 class _ServerSession:
     """One client's session: a task per open stream, one outbox for the writer."""
 
-    def __init__(self, methods: Mapping[str, MuxMethod], peer: str, linger: float) -> None:
+    def __init__(self, methods: Mapping[str, MuxMethod], peer: str, linger: float,
+                 accepting: Callable[[], bool] = lambda: True) -> None:
         self.outbox = _Outbox(linger)
         self._methods = methods
         self._peer = peer
+        self._accepting = accepting
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
     @property
@@ -208,6 +210,10 @@ class _ServerSession:
 
     def _open(self, stream: int, request: mux_pb2.MuxOpen) -> None:
         if stream in self._tasks:
+            return
+        if not self._accepting():  # draining: the client tries another server (UNAVAILABLE before any frame)
+            self.outbox.post(mux_pb2.MuxFrame(stream=stream, end=mux_pb2.MuxEnd(
+                code=grpc.StatusCode.UNAVAILABLE.value[0], details="the server is shutting down")))
             return
         self._tasks[stream] = asyncio.create_task(self._run(stream, request), name=f"mux-{request.method}")
 
@@ -246,11 +252,27 @@ class MuxServer(mux_pb2_grpc.MuxServicer):
     def __init__(self, methods: Mapping[str, MuxMethod], linger: float = DEFAULT_LINGER) -> None:
         self._methods = dict(methods)
         self._linger = linger
+        self._sessions: set[_ServerSession] = set()
+        self._draining = False
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new streams (UNAVAILABLE: the client goes elsewhere) and wait up to ``timeout`` s for the open
+        ones to end; True when they all did. Sessions stay up meanwhile: their streams keep flowing."""
+        self._draining = True
+        deadline = asyncio.get_running_loop().time() + timeout
+        while any(session.has_streams for session in self._sessions):
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        for session in self._sessions:  # nothing open: end the sessions (their last frames are still written)
+            session.outbox.close()
+        return True
 
     async def Session(  # type: ignore[override]
         self, request_iterator: AsyncIterator[mux_pb2.MuxBatch], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[mux_pb2.MuxBatch]:
-        session = _ServerSession(self._methods, context.peer(), self._linger)
+        session = _ServerSession(self._methods, context.peer(), self._linger, lambda: not self._draining)
+        self._sessions.add(session)
         reader = asyncio.create_task(session.read(request_iterator), name="mux-session-reader")
         try:
             while (taken := await session.outbox.take(idle=HEARTBEAT)) is not None:
@@ -260,12 +282,16 @@ class MuxServer(mux_pb2_grpc.MuxServicer):
                 yield mux_pb2.MuxBatch(frames=frames)
                 written.set_result(None)
         finally:
+            self._sessions.discard(session)
             reader.cancel()
             session.cancel_all()
 
 
-def add_mux_server(server: grpc.aio.Server, methods: Mapping[str, MuxMethod], linger: float = DEFAULT_LINGER) -> None:
-    mux_pb2_grpc.add_MuxServicer_to_server(MuxServer(methods, linger), server)
+def add_mux_server(server: grpc.aio.Server, methods: Mapping[str, MuxMethod],
+                   linger: float = DEFAULT_LINGER) -> MuxServer:
+    mux = MuxServer(methods, linger)
+    mux_pb2_grpc.add_MuxServicer_to_server(mux, server)
+    return mux
 
 
 # --- client -------------------------------------------------------------------------------------

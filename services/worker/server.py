@@ -115,6 +115,6 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
         try:
             await stop.wait()
         finally:
-            await worker.stop()
+            await worker.stop(settings.drain_grace)
     finally:
         tracing.shutdown()

@@ -104,6 +104,10 @@ class WorkerSettings(CommonSettings):
     trtllm_event_buffer: int = option(16384, "trtllm: KvCacheConfig.event_buffer_max_size (KV events buffered "
                                       "in the engine between polls).")
     heartbeat_interval: float = option(1.0, "Seconds between heartbeats on NATS.")
+    drain_grace: float = option(
+        5.0, "Seconds in-flight streams get to finish when the worker is stopped (SIGTERM/SIGINT): it first "
+        "announces it is leaving (the router sends it nothing new), then serves what it has, then exits. "
+        "Under `harnessmesh up` the launcher waits up to 10 s per child.")
     event_buffer: int = option(4096, "Recently published KV events kept for replay.")
 
     # -- the groups each engine is given ------------------------------------------------------------
@@ -144,5 +148,7 @@ class WorkerSettings(CommonSettings):
             raise ValueError(f"unknown timing model {self.timing_model!r}; valid: {', '.join(TIMING_MODELS)}")
         if self.heartbeat_interval <= 0:
             raise ValueError("--heartbeat-interval must be positive")
+        if self.drain_grace < 0:
+            raise ValueError("--drain-grace must be >= 0")
         if not 0 <= self.port < 65536:
             raise ValueError("--port must be in 0..65535")
