@@ -73,6 +73,7 @@ class ModelFormat:
         now: Clock | None = None,
         new_call_id: Callable[[], str] = new_tool_call_id,
         prompt_cache: PromptCache | None = None,
+        render_budget: float | None = None,
     ) -> None:
         self.model_dir = model_dir
         self.served_model_name = served_model_name or model_dir.name
@@ -88,9 +89,11 @@ class ModelFormat:
             model_dir.tokenizer, (*REASONING_MARKERS.get(reasoning_parser, ()), *TOOL_MARKERS.get(tool_parser, ()))
         )
         if now is None:
-            self.renderer = ChatTemplateRenderer(model_dir.chat_template, model_dir.special_tokens)
+            self.renderer = ChatTemplateRenderer(model_dir.chat_template, model_dir.special_tokens,
+                                                 budget=render_budget)
         else:
-            self.renderer = ChatTemplateRenderer(model_dir.chat_template, model_dir.special_tokens, now)
+            self.renderer = ChatTemplateRenderer(model_dir.chat_template, model_dir.special_tokens, now,
+                                                 budget=render_budget)
         self.replay = ReplayPolicy.for_template(
             model_dir.chat_template, reasoning_replay,
             markers=replay_markers(reasoning_parser), keep_history=bool(reasoning_parser),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import re
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, cast
@@ -42,6 +43,49 @@ def _strftime_now(fmt: str) -> str:
     return _clock.get()().strftime(fmt)
 
 
+# The render budget: the monotonic time a render must end by (None: no budget), checked every
+# ``_CHECK_EVERY`` attribute / item / call operations of the sandbox (a 100k-token render makes ~800).
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("harnessmesh_render_deadline", default=None)
+_CHECK_EVERY = 256
+
+
+class _BudgetExceeded(Exception):
+    """A render ran past its deadline (raised inside the template, turned into InvalidRequestError)."""
+
+
+def _install_budget(env: Any) -> None:
+    """Make the sandbox's attribute, item and call hooks (every template operation on data goes through one)
+    check the current render's deadline every ``_CHECK_EVERY`` operations; once per compiled environment."""
+    if getattr(env, "_harnessmesh_budget", False):
+        return
+    ops = 0
+
+    def check() -> None:
+        nonlocal ops
+        ops += 1
+        if not ops % _CHECK_EVERY:
+            deadline = _deadline.get()
+            if deadline is not None and time.monotonic() > deadline:
+                raise _BudgetExceeded()
+
+    getattr_, getitem, call = env.getattr, env.getitem, env.call
+
+    def budget_getattr(obj: Any, attribute: str) -> Any:
+        check()
+        return getattr_(obj, attribute)
+
+    def budget_getitem(obj: Any, argument: Any) -> Any:
+        check()
+        return getitem(obj, argument)
+
+    def budget_call(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        check()
+        return call(__context, __obj, *args, **kwargs)
+
+    env.getattr, env.getitem, env.call = budget_getattr, budget_getitem, budget_call
+    env._harnessmesh_budget = True
+
+
 class ChatTemplateRenderer:
     """Renders a chat template exactly as ``transformers``' ``apply_chat_template(tokenize=False)`` does.
 
@@ -51,13 +95,18 @@ class ChatTemplateRenderer:
     every render of that template) gets a ``strftime_now`` that reads a context variable, which each
     render sets to its renderer's clock. ``arguments_as_text`` tells whether the template wants tool-call
     arguments as JSON text (DeepSeek) rather than a mapping; ``to_template_input`` prepares them so.
+    ``budget``: seconds a render may take (None: unbounded); past it the render stops and the request gets an
+    InvalidRequestError (400) naming the budget. Renders run in a thread but hold the GIL: the budget is
+    what bounds how long one hostile conversation can slow the service's event loop.
     """
 
-    def __init__(self, template: str, special_tokens: Mapping[str, str], now: Clock = datetime.now) -> None:
+    def __init__(self, template: str, special_tokens: Mapping[str, str], now: Clock = datetime.now,
+                 budget: float | None = None) -> None:
         self._template = template
         self.template = template
         self._special = dict(special_tokens)
         self._now = now
+        self._budget = budget
         self.arguments_as_text = wants_text_arguments(template)
         self._compiled()  # fail fast on a template that does not compile
 
@@ -67,6 +116,7 @@ class ChatTemplateRenderer:
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template does not compile: {exc}") from exc
         compiled.globals["strftime_now"] = _strftime_now
+        _install_budget(compiled.environment)
         return compiled
 
     def render(self, data: TemplateInput) -> str:
@@ -77,6 +127,7 @@ class ChatTemplateRenderer:
                                       param="chat_template_kwargs_json")
         self._compiled()  # the compile cache may have been refreshed: (re)install the clock
         token = _clock.set(self._now)
+        budget = _deadline.set(None if self._budget is None else time.monotonic() + self._budget)
         try:
             # Annotated as str, but returns (rendered chats, generation indices).
             result: Any = render_jinja_template(
@@ -91,6 +142,12 @@ class ChatTemplateRenderer:
             raise InvalidRequestError(str(exc) or type(exc).__name__, param="messages") from exc
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(str(exc), param="messages") from exc
+        except _BudgetExceeded:
+            assert self._budget is not None
+            raise InvalidRequestError(
+                f"rendering the conversation took over the render budget of {self._budget * 1000:.0f} ms "
+                "(--render-budget-ms): send fewer or shorter messages", param="messages") from None
         finally:
+            _deadline.reset(budget)
             _clock.reset(token)
         return str(result[0][0])

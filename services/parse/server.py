@@ -58,6 +58,7 @@ def build_model_format(settings: ParseSettings) -> ModelFormat:
         strip_billing_header=settings.strip_billing_header,
         reasoning_replay=settings.reasoning_replay,
         now=_fixed_clock(settings.template_clock()),
+        render_budget=settings.render_budget_ms / 1000 if settings.render_budget_ms else None,
     )
 
 

@@ -36,6 +36,9 @@ class ParseSettings(CommonSettings):
     reasoning_replay: str = option(
         "auto", "How earlier turns' reasoning is replayed: pass (as reasoning_content), reinsert (in the model's "
         "markers), drop; auto: pass when the chat template reads reasoning, else drop.", choices=REPLAY_CHOICES)
+    render_budget_ms: int = option(
+        1000, "Most milliseconds one chat-template render may take; past it the request gets a 400 naming this "
+        "budget (a render holds the GIL: this bounds how long one conversation can slow the service). 0: none.")
     template_now: str = option(
         "", "Pin the chat template clock (strftime_now) to this ISO time, e.g. 2026-01-15T09:30:00 "
         "(empty: the real clock). A prompt that changes at midnight is a prefix-cache miss.", metavar="ISO")
@@ -56,6 +59,8 @@ class ParseSettings(CommonSettings):
             raise ValueError(f"port {self.port} is out of range")
         if self.max_model_len < 0:
             raise ValueError("max_model_len must be >= 0")
+        if self.render_budget_ms < 0:
+            raise ValueError("render_budget_ms must be >= 0")
         if self.reasoning_parser and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r}; valid: {sorted(REASONING_PARSERS)}")
         if self.tool_parser and self.tool_parser not in TOOL_PARSERS:

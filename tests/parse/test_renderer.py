@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
 import pytest
@@ -170,3 +171,23 @@ def test_max_tokens_is_clamped_to_the_room_left(demo: ModelFormat) -> None:
     assert demo.fit_max_tokens(100, 0) == 0  # engine default
     with pytest.raises(ContextLengthError, match="prompt is too long"):
         demo.fit_max_tokens(limit, 1)
+
+
+def test_a_render_past_its_budget_stops_with_a_400_naming_it() -> None:
+    """A conversation whose render outlasts ``--render-budget-ms`` is stopped inside the template (not left to
+    run on) and refused naming the budget; the same renderer then renders a normal conversation as before."""
+    model = load_model_dir(None)
+    many = Conversation(messages=tuple(ChatMessage("user" if i % 2 == 0 else "assistant", (TextPart(f"m{i}"),))
+                                       for i in range(60_000)))
+    unbounded = ChatTemplateRenderer(model.chat_template, model.special_tokens)
+    started = time.monotonic()
+    unbounded.render(to_template_input(many))
+    full = time.monotonic() - started
+    budget = ChatTemplateRenderer(model.chat_template, model.special_tokens, budget=full / 20)
+    started = time.monotonic()
+    with pytest.raises(InvalidRequestError, match="render budget") as info:
+        budget.render(to_template_input(many))
+    assert time.monotonic() - started < full / 2  # stopped early, not rendered to the end
+    assert info.value.http_status == 400 and info.value.param == "messages"
+    small = to_template_input(agent_conversation())
+    assert budget.render(small) == unbounded.render(small)
