@@ -11,6 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.mux import DEFAULT_LINGER, MuxChannel, MuxMethod, MuxServer, add_mux_server
+from services.common.tls import PLAINTEXT, TlsFiles
 from services.common.tracing import Tracing
 
 # Generous limits: prompts of 200K tokens travel as one message.
@@ -23,15 +24,21 @@ CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
 
 
 class GrpcServer:
-    """A grpc.aio server with the standard health service and tracing interceptors."""
+    """A grpc.aio server with the standard health service and tracing interceptors; over mutual TLS when
+    ``tls`` is enabled (``client_auth=False``: TLS without client certificates, the harness edge's)."""
 
-    def __init__(self, tracing: Tracing | None, host: str, port: int) -> None:
+    def __init__(self, tracing: Tracing | None, host: str, port: int, tls: TlsFiles = PLAINTEXT, *,
+                 client_auth: bool = True) -> None:
         interceptors = tracing.server_interceptors() if tracing is not None else ()
         self.server = grpc.aio.server(interceptors=interceptors, options=CHANNEL_OPTIONS)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
+            if tls.enabled:
+                credentials = tls.server_credentials(require_client_auth=client_auth)
+                self.port = self.server.add_secure_port(f"{host}:{port}", credentials)
+            else:
+                self.port = self.server.add_insecure_port(f"{host}:{port}")
         except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind ...") for a port in use
             raise OSError(f"cannot bind gRPC server to {host}:{port}: {exc}") from exc
         if self.port == 0:
@@ -62,14 +69,18 @@ class GrpcServer:
         await self.server.stop(max(0.0, grace - (asyncio.get_running_loop().time() - started)))
 
 
-def open_mux_channel(target: str) -> MuxChannel:
+def open_mux_channel(target: str, tls: TlsFiles = PLAINTEXT) -> MuxChannel:
     """A channel for mux streams to ``target`` (each stream carries its own trace context)."""
-    return MuxChannel(target, options=CHANNEL_OPTIONS)
+    return MuxChannel(target, options=CHANNEL_OPTIONS,
+                      credentials=tls.channel_credentials() if tls.enabled else None)
 
 
-def open_channel(target: str, tracing: Tracing | None) -> grpc.aio.Channel:
-    """An insecure channel whose calls carry the current trace context."""
+def open_channel(target: str, tracing: Tracing | None, tls: TlsFiles = PLAINTEXT) -> grpc.aio.Channel:
+    """A channel whose calls carry the current trace context: plaintext, or mutual TLS with ``tls``."""
     interceptors = tracing.client_interceptors() if tracing is not None else None
+    if tls.enabled:
+        return grpc.aio.secure_channel(target, tls.channel_credentials(), options=CHANNEL_OPTIONS,
+                                       interceptors=interceptors)
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 

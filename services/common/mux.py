@@ -493,9 +493,11 @@ class MuxChannel:
     carries the caller's trace context in its open frame instead.
     """
 
-    def __init__(self, target: str, options: Sequence[tuple[str, Any]] = ()) -> None:
+    def __init__(self, target: str, options: Sequence[tuple[str, Any]] = (),
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.target = target
-        self._channel = grpc.aio.insecure_channel(target, options=options)
+        self._channel = (grpc.aio.secure_channel(target, credentials, options=options) if credentials is not None
+                         else grpc.aio.insecure_channel(target, options=options))
         self._stub = mux_pb2_grpc.MuxStub(self._channel)
         self._session: _ClientSession | None = None
 

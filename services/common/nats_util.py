@@ -10,13 +10,15 @@ import nats
 import structlog
 
 from services.common.errors import UnavailableError
+from services.common.tls import PLAINTEXT, TlsFiles
 
 log = structlog.get_logger()
 
 STARTUP_TIMEOUT = 30.0
 
 
-async def connect_nats(url: str, name: str, timeout: float = STARTUP_TIMEOUT, *, token: str = "") -> Any:
+async def connect_nats(url: str, name: str, timeout: float = STARTUP_TIMEOUT, *, token: str = "",
+                       tls: TlsFiles = PLAINTEXT) -> Any:
     """A NATS connection that reconnects forever once up, but gives up on the first connect after ``timeout``.
 
     nats-py retries an initial connect forever when reconnects are unbounded, so a wrong ``--nats-url``
@@ -33,7 +35,8 @@ async def connect_nats(url: str, name: str, timeout: float = STARTUP_TIMEOUT, *,
         log.info("nats.reconnected", url=url)
 
     attempt = asyncio.ensure_future(nats.connect(
-        url, name=name, token=token or None, connect_timeout=2, reconnect_time_wait=0.5, max_reconnect_attempts=-1,
+        url, name=name, token=token or None, tls=tls.client_context() if tls.enabled else None,
+        connect_timeout=2, reconnect_time_wait=0.5, max_reconnect_attempts=-1,
         error_cb=on_error, disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
     ))
     try:

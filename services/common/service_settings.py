@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.settings import option
+from services.common.tls import TlsFiles
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -18,6 +19,16 @@ class ProcessSettings:
                              choices=("json", "console"))
     namespace: str = option("default", "Mesh namespace: scopes NATS subjects so meshes can share a NATS.",
                             shared=True)
+    tls_cert: str = option("", "PEM certificate of this process for mutual TLS on every gRPC hop and on NATS "
+                           "(with --tls-key and --tls-ca; empty: plaintext, for loopback). See docs/tls.md.",
+                           shared=True, metavar="FILE")
+    tls_key: str = option("", "PEM private key of --tls-cert (keep it 0600).", shared=True, metavar="FILE")
+    tls_ca: str = option("", "PEM CA certificate that signs every mesh certificate: peers must present one.",
+                         shared=True, metavar="FILE")
+
+    def tls(self) -> TlsFiles:
+        """The TLS files (all empty: plaintext)."""
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_ca)
 
 
 @dataclass(frozen=True)

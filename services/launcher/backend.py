@@ -63,7 +63,7 @@ async def start_backend(
 
 async def wait_router_sees(supervisor: Supervisor, router: Child, count: int, deadline: float) -> None:
     """Wait until the router's ``ListWorkers`` lists at least ``count`` workers."""
-    channel = open_channel(router.grpc_address, None)
+    channel = open_channel(router.grpc_address, None, supervisor.tls)
     stub = router_pb2_grpc.RouterStub(channel)
     try:
         while True:

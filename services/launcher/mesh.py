@@ -42,7 +42,7 @@ class Mesh:
     def __init__(self, launcher: UpSettings, values: dict[str, Any]) -> None:
         self.launcher = launcher
         self.values = values
-        self.supervisor = Supervisor(log=log, restart=launcher.restart)
+        self.supervisor = Supervisor(log=log, restart=launcher.restart, tls=launcher.tls())
         self.endpoints: Endpoints | None = None
         self._nats_token_file = ""
         self.metrics: dict[str, str] = {}
@@ -55,14 +55,16 @@ class Mesh:
 
     async def start(self) -> Endpoints:
         deadline = deadline_in(self.launcher.startup_timeout)
+        self.launcher.tls().check()  # before anything starts: a missing file is one clear line
         nats_url, nats_token = self.launcher.nats_url, self.launcher.nats_token
         if not nats_url:
-            nats = NatsServer(self.launcher.nats_port or free_port())
+            nats = NatsServer(self.launcher.nats_port or free_port(), self.launcher.tls())
             self.supervisor.adopt(nats)
             await nats.start(self.launcher.startup_timeout)
             nats_url, nats_token = nats.url, nats.token
             self._nats_token_file = str(nats.token_file)
-            log.info("mesh.nats_started", url=nats_url, auth="token", token_file=self._nats_token_file)
+            log.info("mesh.nats_started", url=nats_url, auth="token", tls=self.launcher.tls().enabled,
+                     token_file=self._nats_token_file)
         backend = await start_backend(
             self.supervisor, workers=self.launcher.workers, nats_url=nats_url, nats_token=nats_token,
             deadline=deadline,

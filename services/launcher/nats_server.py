@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from services.common.tls import PLAINTEXT, TlsFiles
 from services.launcher.supervisor import terminate
 
 STOP_GRACE = 5.0
@@ -33,10 +34,12 @@ class NatsServer:
 
     The server requires ``token`` (made here, random): clients without it cannot connect. The token is
     in a 0600 config file the server reads, never on its argv; the services get it in their environment.
+    With ``tls`` enabled the server also requires TLS with a client certificate signed by its CA.
     """
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, tls: TlsFiles = PLAINTEXT) -> None:
         self.port = port
+        self.tls = tls
         self.token = secrets.token_urlsafe(24)
         self._data = tempfile.TemporaryDirectory(prefix="harnessmesh-nats-")
         self.process: asyncio.subprocess.Process | None = None
@@ -53,8 +56,13 @@ class NatsServer:
     def _config(self) -> Path:
         path = Path(self._data.name) / "nats.conf"
         path.touch(mode=0o600)
+        tls = ""
+        if self.tls.enabled:
+            self.tls.check()
+            tls = (f"tls {{ cert_file: {json.dumps(self.tls.cert)}, key_file: {json.dumps(self.tls.key)}, "
+                   f"ca_file: {json.dumps(self.tls.ca)}, verify: true }}\n")
         path.write_text(f"listen: 127.0.0.1:{self.port}\njetstream {{ store_dir: {json.dumps(self._data.name)} }}\n"
-                        f"authorization {{ token: {json.dumps(self.token)} }}\n")
+                        f"authorization {{ token: {json.dumps(self.token)} }}\n{tls}")
         return path
 
     @property

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import structlog
 
 from services.common.grpc_util import check_health, open_channel
+from services.common.tls import PLAINTEXT, TlsFiles
 from services.launcher.specs import ServiceSpec, child_argv, child_secrets
 
 STOP_GRACE = 10.0  # seconds a child gets between SIGTERM and SIGKILL
@@ -105,10 +106,12 @@ class Supervisor:
     ``log_dir``: each child's stdout/stderr go to ``<log_dir>/<name>.log`` (None: inherited).
     ``log``: the structlog logger of the lifecycle events (None: ``structlog.get_logger()``).
     ``restart``: ``on-failure`` or ``never``; ``max_restarts`` per ``restart_window`` seconds before giving up.
+    ``tls``: the TLS files the children use, for the supervisor's own health checks.
     """
 
     def __init__(self, *, log_dir: Path | None = None, log: Any = None, grace: float = STOP_GRACE,
-                 restart: str = "never", max_restarts: int = 5, restart_window: float = 60.0) -> None:
+                 restart: str = "never", max_restarts: int = 5, restart_window: float = 60.0,
+                 tls: TlsFiles = PLAINTEXT) -> None:
         if restart not in RESTART_POLICIES:
             raise ValueError(f"restart policy {restart!r}: expected one of {', '.join(RESTART_POLICIES)}")
         self.log_dir = log_dir
@@ -117,6 +120,7 @@ class Supervisor:
         self.restart = restart
         self.max_restarts = max_restarts
         self.restart_window = restart_window
+        self.tls = tls  # the children's TLS files: health checks go over mutual TLS too
         self.children: list[Child] = []
         self._adopted: list[Stoppable] = []
 
@@ -159,7 +163,7 @@ class Supervisor:
     async def wait_healthy(self, children: Sequence[Child], deadline: float) -> None:
         """Wait until each child's gRPC health check says SERVING."""
         for child in children:
-            channel = open_channel(child.grpc_address, None)
+            channel = open_channel(child.grpc_address, None, self.tls)
             try:
                 while not await check_health(channel, 0.5):
                     self.check_alive()

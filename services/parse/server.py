@@ -71,13 +71,13 @@ async def start(
 ) -> RunningParse:
     """Build and start a parse server (in-process use: tests, embedding); ``stop()`` it when done."""
     fmt = model_format or build_model_format(settings)
-    channel = open_mux_channel(settings.router_address)
-    info_channel = open_channel(settings.router_address, tracing)
+    channel = open_mux_channel(settings.router_address, settings.tls())
+    info_channel = open_channel(settings.router_address, tracing, settings.tls())
     tracer = tracing.tracer if tracing is not None else None
     metrics = ParseMetrics()
     router = ReusingStub(GenerateStub(channel, "Router"), retry_unavailable=settings.router_retry)
     servicer = ParseService(fmt, router, tracer, metrics=metrics, router_info=router_pb2_grpc.RouterStub(info_channel))
-    server = GrpcServer(tracing, settings.host, settings.port)
+    server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})
     await server.start()

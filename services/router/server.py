@@ -70,7 +70,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
         PlacementPolicy(settings.router_mode, settings.overlap_weight, temperature=settings.router_temperature),
         Saturation(settings.queue_max_requests, settings.queue_threshold),
     )
-    channels = WorkerChannels(tracing)
+    channels = WorkerChannels(tracing, settings.tls())
     recoverer = KvRecoverer(index, registry, GrpcRecoverySource(channels))
     admission = AdmissionQueue(router.all_saturated)
     limits = ProxyLimits(settings.max_retries, settings.migration_limit, settings.stall_timeout)
@@ -80,7 +80,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     proxy = Proxy(router, limits, admission=admission, tracer=tracer, metrics=metrics)
     servicer = RouterServicer(proxy, channels, registry)
     prompt_reuse.watch(metrics.registry, servicer.prompts)
-    nc = await connect_nats(settings.nats_url, "harnessmesh-router", token=settings.nats_token)
+    nc = await connect_nats(settings.nats_url, "harnessmesh-router", token=settings.nats_token, tls=settings.tls())
 
     async def on_gone(endpoint: WorkerEndpoint, expired: bool) -> None:
         if expired:
@@ -99,7 +99,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
 
     consumer = WorkerEventsConsumer(nc, settings.namespace, router, recoverer, on_gone, probe=probe,
                                     verify=verify)
-    server = GrpcServer(tracing, settings.host, settings.port)
+    server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server.server)
     server.add_mux({mux.method_name("Router", "Generate"):
                     mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})

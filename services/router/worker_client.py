@@ -10,6 +10,7 @@ from services.api import kv_pb2, kv_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common import errors, mux
 from services.common.grpc_util import drain, open_channel, open_mux_channel
 from services.common.prompt_reuse import ReusingCall, ReusingStub
+from services.common.tls import PLAINTEXT, TlsFiles
 from services.common.tracing import Tracing
 from services.router import convert
 from services.router.index import KvEvent
@@ -29,8 +30,9 @@ class WorkerChannels:
     """Per worker address, opened on first use: a gRPC channel for unary calls and a mux channel for
     Generate streams."""
 
-    def __init__(self, tracing: Tracing | None) -> None:
+    def __init__(self, tracing: Tracing | None, tls: TlsFiles = PLAINTEXT) -> None:
         self._tracing = tracing
+        self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, mux.MuxChannel] = {}
         self._stubs: dict[str, ReusingStub] = {}
@@ -38,13 +40,13 @@ class WorkerChannels:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = open_channel(address, self._tracing)
+            channel = self._channels[address] = open_channel(address, self._tracing, self._tls)
         return channel
 
     def streams(self, address: str) -> mux.MuxChannel:
         streams = self._streams.get(address)
         if streams is None:
-            streams = self._streams[address] = open_mux_channel(address)
+            streams = self._streams[address] = open_mux_channel(address, self._tls)
         return streams
 
     def generate_stub(self, address: str) -> ReusingStub:

@@ -74,7 +74,7 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     if settings.max_model_len:  # one option for the whole mesh: the parse service fits prompts to it too
         model = dataclasses.replace(model, max_model_len=settings.max_model_len)
     engine = build_engine(settings, model)
-    server = GrpcServer(tracing, settings.host, settings.port)
+    server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     address = f"{settings.advertise_host or server.host}:{server.port}"
 
     def info() -> worker_pb2.WorkerInfo:
@@ -88,7 +88,7 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     server.add_mux({mux.method_name("Worker", "Generate"):
                     mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})
-    nc = await connect_nats(settings.nats_url, worker_id, token=settings.nats_token)
+    nc = await connect_nats(settings.nats_url, worker_id, token=settings.nats_token, tls=settings.tls())
     try:
         await engine.start()
         publisher = KvPublisher(nc, engine, info, namespace=settings.namespace,
