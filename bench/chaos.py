@@ -7,8 +7,11 @@
 * ``router``: the router SIGKILLed under 3 clients (restarted; parse retries / resumes). Failed requests.
 * ``nats``: nats-server frozen 8 s past a 2 s heartbeat timeout. Failed requests.
 * ``hung``: 2 workers, one SIGSTOPped, heartbeat timeout 60 s: TTFT p99 with the hung worker vs healthy.
-* ``overload``: 4 slots + 4 queue places, 10x that many concurrent turns: admitted TTFT p99 vs unloaded
-  p99, refused count, slowest refusal.
+* ``overload``: 4 slots + 4 queue places, 10x that many concurrent turns (one client process, a connection
+  each): admitted TTFT p99 vs unloaded p99 (4 clients, after a warm-up turn each), refused count, median and
+  slowest refusal (from the call to the client's reading the status). ``client_floor_ms``: the slowest answer
+  the same burst gets from a local server that refuses every request at once, i.e. what the burst costs this
+  client and the machine without any gateway; the gateway's share of a refusal is what lies above it.
 
 Targets (the issue's): 0 failed requests everywhere; hung TTFT p99 <= 1.5 s; admitted TTFT p99 under 10x
 overload <= 3x unloaded; refusals within 10 ms. Process ids come from ``/proc`` (children of the mesh).
@@ -148,20 +151,48 @@ async def scenario_hung(tmp: Path, requests: int) -> dict[str, Any]:
             "ttft_p99_healthy_ms": round(1000 * p99([r["ttft"] for r in healthy if "ttft" in r]), 1)}
 
 
+async def refusing_server() -> tuple[asyncio.Server, str]:
+    """A server that answers every request with a 429 at once: what the burst costs the client alone."""
+    reply = b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+    class Refuse(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            if b"\r\n\r\n" in data:
+                self.transport.write(reply)  # type: ignore[attr-defined]
+
+    server = await asyncio.get_running_loop().create_server(Refuse, "127.0.0.1", 0, backlog=1024)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def burst_of(url: str, n: int) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(timeout=60) as http:
+        return list(await asyncio.gather(*(stream_turn(http, url, i) for i in range(n))))
+
+
 async def scenario_overload(tmp: Path, requests: int) -> dict[str, Any]:
     args = ["--workers", "1", "--speedup", "2", "--served-model-name", "demo", "--max-concurrent-requests", "4",
             "--max-queued-requests", "4", "--max-queue-wait", "10"]
     with running_mesh(args, tmp / "overload.log") as mesh:
+        await clients(mesh, 4, 1)  # warm-up, not measured: the first turns pay one-time imports and connections
         unloaded = await clients(mesh, 4, 5)
-        async with httpx.AsyncClient(timeout=60) as http:
-            burst = await asyncio.gather(*(stream_turn(http, mesh.http, i) for i in range(80)))
+        burst = await burst_of(mesh.http, 80)
+    server, url = await refusing_server()
+    async with server:
+        await burst_of(url, 80)  # warm-up of the client's code paths, as the mesh's unloaded turns were
+        floor = await burst_of(url, 80)
     admitted = [r for r in burst if r["status"] == 200]
     refused = [r for r in burst if r["status"] == 429]
+    refusal_seconds = sorted(r["seconds"] for r in refused)
     return {"burst": len(burst), "admitted": len(admitted), "refused": len(refused),
             "failed_other": len(burst) - len(admitted) - len(refused),
             "admitted_ttft_p99_ms": round(1000 * p99([r["ttft"] for r in admitted]), 1),
             "unloaded_ttft_p99_ms": round(1000 * p99([r["ttft"] for r in unloaded if "ttft" in r]), 1),
-            "slowest_refusal_ms": round(1000 * max((r["seconds"] for r in refused), default=0.0), 1)}
+            "median_refusal_ms": round(1000 * statistics.median(refusal_seconds or [0.0]), 1),
+            "slowest_refusal_ms": round(1000 * max(refusal_seconds, default=0.0), 1),
+            "client_floor_ms": round(1000 * max(r["seconds"] for r in floor), 1)}
 
 
 SCENARIOS = {"kill": scenario_kill, "router": scenario_router, "nats": scenario_nats, "hung": scenario_hung,

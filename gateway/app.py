@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.admission import Admission
 from gateway.apis.anthropic import anthropic_routes
 from gateway.apis.anthropic import errors as anthropic_errors
 from gateway.apis.openai_chat import errors as openai_errors
@@ -108,6 +109,31 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, limited, send)
+
+
+class AdmissionGate:
+    """Refuses a chat turn at the door when ``admission`` would refuse it whatever its priority (the queue is
+    full, or even the next slot is further away than a request may wait): before its body is read, parsed
+    or traced, in its API's shape with ``retry-after``, so a refusal under overload costs next to nothing
+    and delays neither the other refusals nor the admitted turns. A turn let through is decided again, with
+    its priority, when it asks for a slot. The unread body is discarded by the server, so the connection
+    stays usable. A request without a valid API key (when keys are set) goes on to its 401.
+    """
+
+    def __init__(self, app: ASGIApp, admission: Admission, paths: frozenset[str], keys: Sequence[str]) -> None:
+        self.app = app
+        self.admission = admission
+        self.paths = paths
+        self.keys = ApiKeys(keys) if keys else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in self.paths and scope["method"] == "POST":
+            request = Request(scope)
+            refusal = self.admission.refuse_now() if self.keys is None or self.keys.allows(request.headers) else None
+            if refusal is not None:
+                await _api_error(request, refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class ApiKeyMiddleware:
@@ -201,4 +227,6 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_key)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     app.add_middleware(RequestSpanMiddleware, tracer=tracer or trace.get_tracer("harnessmesh.gateway"))
+    chat_paths = frozenset(p for p in _APIS if settings.enable_anthropic_api or p != "/v1/messages")
+    app.add_middleware(AdmissionGate, admission=parse.admission, paths=chat_paths, keys=settings.api_key)
     return app

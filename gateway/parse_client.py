@@ -55,8 +55,9 @@ class ParseClient:
 
     async def chat(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
         """Stream the parse service's event batches for ``request`` (once admitted: see ``gateway.admission``)."""
-        async with self.admission.slot(request.hints.priority):
+        async with self.admission.slot(request.hints.priority) as grant:
             async for batch in self._chat_stream(request):
+                grant.first_frame()  # the turn's TTFT (only the first call counts) sizes the queue's wait budget
                 yield batch
 
     async def _chat_stream(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:

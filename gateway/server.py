@@ -47,8 +47,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def admission_of(settings: GatewaySettings) -> Admission:
     queued = settings.max_queued_requests
-    return Admission(settings.max_concurrent_requests,
-                     settings.max_concurrent_requests if queued < 0 else queued, settings.max_queue_wait)
+    return Admission(settings.max_concurrent_requests, settings.max_concurrent_requests if queued < 0 else queued,
+                     settings.max_queue_wait, settings.max_queue_wait_ttfts)
 
 
 class Gateway:
@@ -61,8 +61,8 @@ class Gateway:
     def __init__(self, settings: GatewaySettings, tracing: Tracing | None) -> None:
         self.settings = settings
         self._tracing = tracing
-        self._channel = open_channel(settings.parse_address, tracing)
-        self._streams = open_mux_channel(settings.parse_address)
+        self._channel = open_channel(settings.parse_address, tracing, settings.tls())
+        self._streams = open_mux_channel(settings.parse_address, settings.tls())
         self.metrics = GatewayMetrics()
         self.records = TraceRecordSink(settings.trace_records) if settings.trace_records else None
         tracer = tracing.tracer if tracing is not None else None
@@ -74,13 +74,15 @@ class Gateway:
         self.metrics.watch_admission(self.parse.admission)
         self.app = create_app(self.parse, settings, tracer, self.metrics)
         self._metrics_server: MetricsServer | None = None
-        self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port)
+        # the harness edge: TLS when configured, but no client certificate (harnesses use the API key)
+        self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port, settings.tls(), client_auth=False)
         agent = AgentServicer(self.parse, ApiKeys(settings.api_key))
         chat_pb2_grpc.add_AgentServiceServicer_to_server(agent, self._grpc.server)
         self._sock = _bind(settings.host, settings.http_port)
         self.http_port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
+            http="httptools",  # C parser: half h11's CPU per request (a refusal under overload: 0.36 -> 0.17 ms)
             log_config=None,
             lifespan="off",
             access_log=False,

@@ -34,6 +34,10 @@ class GatewaySettings(CommonSettings):
     max_queued_requests: int = option(
         -1, "Chat turns that may wait for a slot, highest priority first (-1: as many as --max-concurrent-requests).")
     max_queue_wait: float = option(10.0, "Seconds a turn may wait for a slot before it is refused.")
+    max_queue_wait_ttfts: float = option(
+        2.0, "A turn waits for a slot only while its estimated wait is at most this many typical TTFTs (the median, "
+        "slot to first token, of the last 64 turns); beyond it is refused at once, so an admitted turn's first token "
+        "comes within about 1 + this many TTFTs under overload (0: only --max-queue-wait bounds the wait).")
     max_request_bytes: int = option(
         32 << 20, "Largest request body accepted (bytes); a larger one gets 413 before it is read past the limit.")
     enable_anthropic_api: bool = option(
@@ -78,6 +82,8 @@ class GatewaySettings(CommonSettings):
             raise ValueError("max_concurrent_requests must not be negative")
         if self.max_queue_wait <= 0:
             raise ValueError("max_queue_wait must be positive")
+        if self.max_queue_wait_ttfts < 0:
+            raise ValueError("max_queue_wait_ttfts must not be negative")
         if self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {self.request_timeout}")
         self.model_aliases()
