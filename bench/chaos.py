@@ -12,6 +12,8 @@
   slowest refusal (from the call to the client's reading the status). ``client_floor_ms``: the slowest answer
   the same burst gets from a local server that refuses every request at once, i.e. what the burst costs this
   client and the machine without any gateway; the gateway's share of a refusal is what lies above it.
+  Then, with the mesh held saturated by long turns, refusals one at a time on one keep-alive connection
+  (``saturated_refusal_*``): how long the gateway takes to refuse, without the burst's client-side queueing.
 
 Targets (the issue's): 0 failed requests everywhere; hung TTFT p99 <= 1.5 s; admitted TTFT p99 under 10x
 overload <= 3x unloaded; refusals within 10 ms. Process ids come from ``/proc`` (children of the mesh).
@@ -167,6 +169,38 @@ async def refusing_server() -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
+async def long_turn(http: httpx.AsyncClient, url: str, i: int) -> None:
+    """A turn that holds its slot until cancelled (thousands of tokens at --speedup 2)."""
+    body = {"model": "demo", "max_tokens": 4000, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": f"long {i}"}]}
+    async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        async for _ in response.aiter_raw():
+            pass
+
+
+async def saturated_refusals(url: str, probes: int) -> list[float]:
+    """Seconds each of ``probes`` sequential turns took to be refused while long turns hold every slot."""
+    async with httpx.AsyncClient(timeout=60) as hold, httpx.AsyncClient(timeout=10) as http:
+        holders = [asyncio.create_task(long_turn(hold, url, i)) for i in range(8)]
+        try:
+            await asyncio.sleep(1.0)  # every slot and queue place taken before the first probe
+            body = {"model": "demo", "max_tokens": 8, "messages": [{"role": "user", "content": "probe"}]}
+            seconds: list[float] = []
+            deadline = time.monotonic() + 30
+            while len(seconds) < probes and time.monotonic() < deadline:
+                started = time.perf_counter()
+                response = await http.post(url + "/v1/chat/completions", json=body)
+                if response.status_code == 429:  # admitted probes (while the holders settle) are not refusals
+                    seconds.append(time.perf_counter() - started)
+                else:
+                    await asyncio.sleep(0.05)
+            return seconds
+        finally:
+            for task in holders:
+                task.cancel()
+            await asyncio.gather(*holders, return_exceptions=True)
+
+
 async def burst_of(url: str, n: int) -> list[dict[str, Any]]:
     async with httpx.AsyncClient(timeout=60) as http:
         return list(await asyncio.gather(*(stream_turn(http, url, i) for i in range(n))))
@@ -179,6 +213,8 @@ async def scenario_overload(tmp: Path, requests: int) -> dict[str, Any]:
         await clients(mesh, 4, 1)  # warm-up, not measured: the first turns pay one-time imports and connections
         unloaded = await clients(mesh, 4, 5)
         burst = await burst_of(mesh.http, 80)
+        await saturated_refusals(mesh.http, 10)  # warm-up of the refusal path on this connection's code
+        one_at_a_time = sorted(await saturated_refusals(mesh.http, 60))
     server, url = await refusing_server()
     async with server:
         await burst_of(url, 80)  # warm-up of the client's code paths, as the mesh's unloaded turns were
@@ -192,7 +228,12 @@ async def scenario_overload(tmp: Path, requests: int) -> dict[str, Any]:
             "unloaded_ttft_p99_ms": round(1000 * p99([r["ttft"] for r in unloaded if "ttft" in r]), 1),
             "median_refusal_ms": round(1000 * statistics.median(refusal_seconds or [0.0]), 1),
             "slowest_refusal_ms": round(1000 * max(refusal_seconds, default=0.0), 1),
-            "client_floor_ms": round(1000 * max(r["seconds"] for r in floor), 1)}
+            "client_floor_ms": round(1000 * max(r["seconds"] for r in floor), 1),
+            "saturated_refusals": len(one_at_a_time),
+            "saturated_refusal_p50_ms": round(1000 * statistics.median(one_at_a_time or [0.0]), 2),
+            "saturated_refusal_p99_ms": round(1000 * (one_at_a_time[int(0.99 * (len(one_at_a_time) - 1))]
+                                                      if one_at_a_time else 0.0), 2),  # nearest rank
+            "saturated_refusal_max_ms": round(1000 * max(one_at_a_time, default=0.0), 2)}
 
 
 SCENARIOS = {"kill": scenario_kill, "router": scenario_router, "nats": scenario_nats, "hung": scenario_hung,
