@@ -4,6 +4,8 @@
 * Before the first frame a failing worker is replaced by the next-best one (``max_retries``).
 * After it the request **migrates**: the next-best worker gets the prompt plus the tokens so far and the
   stream goes on (``migration_limit`` times; then, or with 0, the client gets an error).
+* A worker that sends no first frame in time (``first_frame.py``: its recent first frames, or
+  ``first_frame_timeout``) loses the request to the next-best worker, like a failure before the first frame.
 * A worker silent for ``stall_timeout`` seconds mid-request leaves the registry and index (it rejoins
   with its next heartbeat and a fresh dump) and its request migrates; so do the requests of a worker
   whose heartbeats stop (:meth:`Proxy.worker_gone`).
@@ -27,6 +29,7 @@ from opentelemetry import trace
 
 from services.common import errors
 from services.router.admission import AdmissionQueue
+from services.router.first_frame import FirstFrameDeadlines
 from services.router.metrics import RouterMetrics, decision_reason
 from services.router.policy import Candidate, describe
 from services.router.registry import WorkerEndpoint
@@ -46,6 +49,7 @@ class ProxyLimits:
     max_retries: int = 2            # other workers tried when one fails before its first frame
     migration_limit: int = 3        # migrations after the first frame (0: none)
     stall_timeout: float = 30.0     # seconds without a frame before a worker counts as stalled
+    first_frame_timeout: float = 0.0  # seconds to the first frame (0: derived per worker, first_frame.py)
 
 
 class WorkerFailure(Exception):
@@ -119,6 +123,7 @@ class Proxy:
         self.metrics = metrics or RouterMetrics()
         self._tracer = tracer or trace.get_tracer("harnessmesh.router")
         self._attempts: dict[str, set[_Attempt]] = {}
+        self.first_frames = FirstFrameDeadlines(limits.first_frame_timeout)
 
     def worker_gone(self, worker_id: str) -> None:
         """Migrate every request running on a worker that stopped heartbeating."""
@@ -155,14 +160,20 @@ class Proxy:
                     self.admission.settled()
                     settle = False
                 self._attempts.setdefault(best.worker_id, set()).add(attempt)
+                blocks = self.router.registry.load(best.worker_id).prefill_blocks  # its queue's and this one's
+                opened = time.monotonic()
                 try:
                     first = True
-                    while (frame := await self._read(attempt)) is not None:
+                    # no deadline without another worker to go to: a slow first frame beats none
+                    deadline = self.first_frames.timeout(best.worker_id, blocks) \
+                        if len(placement.candidates) > 1 else None
+                    while (frame := await self._read(attempt, deadline if first else None)) is not None:
                         if isinstance(frame.error, WORKER_ERRORS):
                             raise WorkerFailure(frame.error.message)
                         if first:
                             inflight.prefill_done()
                             route.add_event("first_frame")
+                            self.first_frames.observe(best.worker_id, blocks, time.monotonic() - opened)
                             first = False
                         out = progress.absorb(frame, best.worker_id)
                         if out is not None:
@@ -208,8 +219,20 @@ class Proxy:
             if settle:
                 self.admission.settled()
 
-    async def _read(self, attempt: _Attempt) -> Frame | None:
-        """The worker's next frame (None: end of stream); a stall or the worker leaving is a :class:`WorkerFailure`."""
+    async def _read(self, attempt: _Attempt, first_frame: float | None = None) -> Frame | None:
+        """The worker's next frame (None: end of stream); a stall, a first frame overdue (``first_frame``
+        seconds) or the worker leaving is a :class:`WorkerFailure`."""
+        if first_frame is not None and first_frame < self.limits.stall_timeout:
+            try:
+                async with asyncio.timeout(first_frame):
+                    return await attempt.stream.read()
+            except TimeoutError:
+                log.warning("router.first_frame_overdue", worker_id=attempt.worker_id, timeout=round(first_frame, 3))
+                raise WorkerFailure(f"no first frame within {first_frame:.2f}s") from None
+            except (asyncio.CancelledError, WorkerFailure, RequestRejected):
+                if attempt.abandoned:
+                    raise WorkerFailure("the worker left the mesh") from None
+                raise
         try:
             # asyncio.timeout, not wait_for: no Task per frame on the hot path.
             async with asyncio.timeout(self.limits.stall_timeout):

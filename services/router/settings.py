@@ -30,6 +30,10 @@ class RouterSettings(CommonSettings):
         3, "Times a request moves to another worker after its first token when its worker fails (0: never).")
     stall_timeout: float = option(
         30.0, "Seconds a worker may go without sending a frame of a running request before it counts as failed.")
+    first_frame_timeout: float = option(
+        0.0, "Seconds to wait for a worker's first frame before the request goes to another worker (0: derived "
+        "per worker: twice what its recent first frames took for as much queued prefill work, plus 1 s; none "
+        "before it has history).")
     queue_max_requests: int = option(
         0, "A worker is saturated with this many requests in flight from this router (0: no limit).")
     queue_threshold: float = option(
@@ -49,5 +53,7 @@ class RouterSettings(CommonSettings):
             raise ValueError("--migration-limit must be >= 0")
         if self.stall_timeout <= 0:
             raise ValueError("--stall-timeout must be > 0")
+        if self.first_frame_timeout < 0:
+            raise ValueError("--first-frame-timeout must be >= 0")
         if self.queue_max_requests < 0 or not 0 <= self.queue_threshold <= 1:
             raise ValueError("--queue-max-requests must be >= 0 and --queue-threshold in [0, 1]")

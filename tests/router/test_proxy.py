@@ -247,3 +247,33 @@ async def test_client_cancellation_is_not_a_worker_failure() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert workers.workers == ["a"] and workers.streams[0].cancelled and idle(proxy)
+
+
+async def test_a_first_frame_overdue_moves_the_request_to_another_worker() -> None:
+    """A worker whose first frame is far later than its recent ones (engine stuck, process alive) loses the
+    request to the next worker within ~2x its history + 1 s, long before the stall timeout; it stays in the
+    registry (it may just be slow), and a worker with no history is never judged."""
+    proxy = make_proxy(("a", "b"), stall_timeout=60.0)
+    proxy.first_frames.observe("a", 1, 0.01)  # a's first frames take ~10 ms
+    workers = FakeWorkers({"a": [[HANG]], "b": [[tokens(7, 8, worker="b"), last(9, completion=3)]]})
+    started = asyncio.get_running_loop().time()
+    frames, err = await run(proxy, workers)
+    assert err is None and workers.workers == ["a", "b"] and sent_tokens(frames) == [7, 8, 9]
+    assert asyncio.get_running_loop().time() - started < 3.0  # 2 x 10 ms + 1 s, not 60 s
+    assert proxy.router.registry.get("a") is not None and idle(proxy)
+
+
+async def test_no_first_frame_deadline_without_history_or_another_worker() -> None:
+    proxy = make_proxy(("a", "b"))
+    assert proxy.first_frames.timeout("a", 10) is None  # never judged on a guess
+    proxy.first_frames.observe("a", 2, 0.1)
+    assert proxy.first_frames.timeout("a", 1) == pytest.approx(2 * 0.1 + 1.0)
+    assert proxy.first_frames.timeout("a", 20) == pytest.approx(2 * 0.05 * 20 + 1.0)  # scaled to the work ahead
+    assert make_proxy(("a", "b"), first_frame_timeout=2.5).first_frames.timeout("a", 10) == 2.5  # fixed
+    alone = make_proxy(("a",), stall_timeout=0.3)
+    alone.first_frames.observe("a", 1, 0.001)
+    workers = FakeWorkers({"a": [[HANG]]})
+    started = asyncio.get_running_loop().time()
+    _, err = await run(alone, workers)
+    assert isinstance(err, UnavailableError)
+    assert asyncio.get_running_loop().time() - started >= 0.3  # the stall timeout, not the first-frame one
