@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import xxhash
@@ -32,7 +32,6 @@ from services.api import worker_pb2
 from services.common.block_hash import common_blocks
 from services.common.errors import PromptBaseUnknownError
 from services.common.metrics import CounterCallback
-from services.common.mux import GenerateStub, MuxCall
 
 MIN_REUSE_TOKENS = 2048        # a shorter shared prefix is as cheap to send again
 DEFAULT_MAX_BYTES = 256 << 20  # per store / sender: ~650 sessions of 100k tokens
@@ -149,11 +148,27 @@ class PromptSender:
         self._sent.pop(key)
 
 
+class GenerateCall(Protocol):
+    """A Generate stream as a ``MuxCall`` reads."""
+
+    async def read(self) -> worker_pb2.GenerateResponse | Any: ...
+
+    def cancel(self) -> bool: ...
+
+    def done(self) -> bool: ...
+
+
+class Generator(Protocol):
+    """What opens Generate streams: a :class:`~services.common.mux.GenerateStub`, or replicas of one."""
+
+    def Generate(self, request: worker_pb2.GenerateRequest, *, timeout: float | None = None) -> GenerateCall: ...
+
+
 class ReusingStub:
     """``Generate`` on one receiver with prompt reuse, and retries before the first frame when
     ``retry_unavailable`` > 0 (see module docstring)."""
 
-    def __init__(self, stub: GenerateStub, sender: PromptSender | None = None, *,
+    def __init__(self, stub: Generator, sender: PromptSender | None = None, *,
                  retry_unavailable: float = 0.0) -> None:
         self.stub = stub
         self.sender = sender or PromptSender()
@@ -178,7 +193,7 @@ class ReusingCall:
         self._whole = whole
         self._key = key
         self._timeout = timeout
-        self._call: MuxCall[worker_pb2.GenerateResponse] = stub.stub.Generate(request, timeout=timeout)
+        self._call: GenerateCall = stub.stub.Generate(request, timeout=timeout)
         self._first = True
         self._retry_until = asyncio.get_running_loop().time() + stub.retry_unavailable
 

@@ -19,6 +19,7 @@ from services.common.tracing import Tracing
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat
 from services.parse.renderer import Clock
+from services.parse.router_replicas import RouterInfo, RouterReplicas
 from services.parse.service import ParseService
 from services.parse.settings import ParseSettings
 
@@ -30,8 +31,8 @@ class RunningParse:
     """A started parse server (``address`` is host:port) and what it owns."""
 
     server: GrpcServer
-    channel: MuxChannel
-    info_channel: grpc.aio.Channel
+    channels: list[MuxChannel]  # one per router replica
+    info_channels: list[grpc.aio.Channel]
     model_format: ModelFormat
     metrics_server: MetricsServer | None = None
 
@@ -41,8 +42,10 @@ class RunningParse:
 
     async def stop(self, grace: float = 2.0) -> None:
         await self.server.stop(grace)
-        await self.channel.close()
-        await self.info_channel.close()
+        for channel in self.channels:
+            await channel.close()
+        for info in self.info_channels:
+            await info.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
 
@@ -71,17 +74,20 @@ async def start(
 ) -> RunningParse:
     """Build and start a parse server (in-process use: tests, embedding); ``stop()`` it when done."""
     fmt = model_format or build_model_format(settings)
-    channel = open_mux_channel(settings.router_address, settings.tls())
-    info_channel = open_channel(settings.router_address, tracing, settings.tls())
+    addresses = settings.router_addresses()
+    channels = [open_mux_channel(address, settings.tls()) for address in addresses]
+    info_channels = [open_channel(address, tracing, settings.tls()) for address in addresses]
     tracer = tracing.tracer if tracing is not None else None
     metrics = ParseMetrics()
-    router = ReusingStub(GenerateStub(channel, "Router"), retry_unavailable=settings.router_retry)
-    servicer = ParseService(fmt, router, tracer, metrics=metrics, router_info=router_pb2_grpc.RouterStub(info_channel))
+    replicas = RouterReplicas([GenerateStub(channel, "Router") for channel in channels])
+    router = ReusingStub(replicas, retry_unavailable=settings.router_retry)
+    servicer = ParseService(fmt, router, tracer, metrics=metrics,
+                            router_info=RouterInfo([router_pb2_grpc.RouterStub(c) for c in info_channels]))
     server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})
     await server.start()
-    return RunningParse(server=server, channel=channel, info_channel=info_channel, model_format=fmt,
+    return RunningParse(server=server, channels=channels, info_channels=info_channels, model_format=fmt,
                         metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port))
 
 

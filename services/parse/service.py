@@ -22,6 +22,7 @@ from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
 from services.parse.prefix_watch import PrefixBreak, PrefixWatch, session_key
+from services.parse.router_replicas import RouterInfo
 from services.parse.router_stream import ResumingRouterStream
 from services.parse.speculative import SpeculativePrefiller, TurnRecorder
 
@@ -41,7 +42,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         created: int | None = None,
         prefix_watch: PrefixWatch | None = None,
         metrics: ParseMetrics | None = None,
-        router_info: router_pb2_grpc.RouterStub | None = None,
+        router_info: RouterInfo | router_pb2_grpc.RouterStub | None = None,
     ) -> None:
         self.metrics = metrics or ParseMetrics()
         self._format = model_format

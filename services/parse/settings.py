@@ -17,7 +17,9 @@ class ParseSettings(CommonSettings):
 
     host: str = option("127.0.0.1", "Address the Parse gRPC server binds.", wiring=True)
     port: int = option(0, "Port of the Parse gRPC server (0: a free port).", wiring=True)
-    router_address: str = option("127.0.0.1:50052", "host:port of the router's gRPC service.", wiring=True)
+    router_address: str = option(
+        "127.0.0.1:50052", "host:port of the router's gRPC service; several replicas comma-separated (the first "
+        "preferred, the next ones taken while it is unavailable).", wiring=True)
     model: str = option("", "Hugging Face model directory (empty: the repo's demo model).", shared=True)
     served_model_name: str = option("", "Model name reported to clients (empty: the model directory's name).",
                                     shared=True)
@@ -47,6 +49,10 @@ class ParseSettings(CommonSettings):
         """The pinned template time, or None for the real clock."""
         return datetime.fromisoformat(self.template_now) if self.template_now else None
 
+    def router_addresses(self) -> list[str]:
+        """The router replicas, in preference order."""
+        return [address.strip() for address in self.router_address.split(",") if address.strip()]
+
     def validate(self) -> None:
         if self.template_now:
             try:
@@ -55,6 +61,8 @@ class ParseSettings(CommonSettings):
                 raise ValueError(f"template_now {self.template_now!r} is not an ISO time") from None
         if self.router_retry < 0:
             raise ValueError("router_retry must not be negative")
+        if not self.router_addresses():
+            raise ValueError("router_address names no router")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is out of range")
         if self.max_model_len < 0:

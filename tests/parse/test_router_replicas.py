@@ -1,0 +1,93 @@
+"""Router replicas behind the parse service's Generate stub (``services/parse/router_replicas.py``): real
+grpc.aio mux servers on loopback standing in for two routers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from services.api import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
+from services.common import mux, token_bytes
+from services.common.grpc_util import GrpcServer, open_channel, open_mux_channel
+from services.common.prompt_reuse import ReusingStub
+from services.launcher.supervisor import free_port
+from services.parse.router_replicas import RouterInfo, RouterReplicas
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Router(router_pb2_grpc.RouterServicer):
+    """A router that answers every Generate with its name as the one token id, and lists one worker."""
+
+    def __init__(self, name: int) -> None:
+        self.name = name
+        self.served = 0
+
+    async def Generate(self, request: worker_pb2.GenerateRequest, context: Any,  # type: ignore[override]
+                       ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        self.served += 1
+        yield worker_pb2.GenerateResponse(token_ids=[self.name])
+        yield worker_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
+
+    async def ListWorkers(self, request: router_pb2.ListWorkersRequest, context: Any,  # type: ignore[override]
+                          ) -> router_pb2.ListWorkersResponse:
+        return router_pb2.ListWorkersResponse(workers=[worker_pb2.WorkerInfo(worker_id=f"w{self.name}")])
+
+
+async def serve(router: Router, port: int) -> GrpcServer:
+    server = GrpcServer(None, "127.0.0.1", port)
+    server.add_mux({mux.method_name("Router", "Generate"): mux.MuxMethod(router.Generate,
+                                                                       worker_pb2.GenerateRequest)})
+    router_pb2_grpc.add_RouterServicer_to_server(router, server.server)
+    await server.start()
+    return server
+
+
+async def tokens(stub: ReusingStub) -> list[int]:
+    request = worker_pb2.GenerateRequest(token_ids_u32=token_bytes.pack([1, 2, 3]))
+    return [t async for frame in stub.Generate(request) for t in frame.token_ids]
+
+
+async def test_streams_fail_over_to_the_next_replica_and_come_back_to_the_first() -> None:
+    ports = [free_port(), free_port()]
+    first, second = Router(1), Router(2)
+    servers = [await serve(second, ports[1])]  # the preferred replica is down
+    channels = [open_mux_channel(f"127.0.0.1:{port}") for port in ports]
+    replicas = RouterReplicas([mux.GenerateStub(c, "Router") for c in channels], down_for=0.3)
+    stub = ReusingStub(replicas, retry_unavailable=5.0)
+    try:
+        assert await tokens(stub) == [2]  # retried on the second replica within the call
+        assert await tokens(stub) == [2]  # the first is marked down: straight to the second
+        assert replicas.failovers >= 2 and second.served == 2
+        servers.append(await serve(first, ports[0]))
+        deadline = asyncio.get_running_loop().time() + 10
+        while await tokens(stub) != [1]:  # preferred again once it is back (and gRPC has reconnected to it)
+            assert asyncio.get_running_loop().time() < deadline, "the first replica never got streams back"
+            await asyncio.sleep(0.1)
+        assert await tokens(stub) == [1]
+    finally:
+        for channel in channels:
+            await channel.close()
+        for server in servers:
+            await server.stop(0)
+
+
+async def test_readiness_asks_the_replicas_in_order() -> None:
+    port, down = free_port(), free_port()
+    server = await serve(Router(2), port)
+    channels = [open_channel(f"127.0.0.1:{down}", None), open_channel(f"127.0.0.1:{port}", None)]
+    info = RouterInfo([router_pb2_grpc.RouterStub(c) for c in channels])
+    try:
+        listed = await info.ListWorkers(router_pb2.ListWorkersRequest(), timeout=2)
+        assert [w.worker_id for w in listed.workers] == ["w2"]
+        alone = RouterInfo([router_pb2_grpc.RouterStub(channels[0])])
+        with pytest.raises(grpc.aio.AioRpcError):
+            await alone.ListWorkers(router_pb2.ListWorkersRequest(), timeout=2)
+    finally:
+        for channel in channels:
+            await channel.close()
+        await server.stop(0)
