@@ -11,7 +11,7 @@ import structlog
 import uvicorn
 
 from gateway.admission import Admission
-from gateway.apis.grpc_edge.service import AgentServicer
+from gateway.apis.grpc_edge.service import AgentServicer, add_agent_service
 from gateway.app import create_app
 from gateway.auth import ApiKeys
 from gateway.metrics import GatewayMetrics
@@ -19,7 +19,6 @@ from gateway.parse_client import ParseClient
 from gateway.settings import GatewaySettings
 from gateway.trace_records import TraceRecordSink
 from gateway.turn_tracking import TurnTracker
-from services.api import chat_pb2_grpc
 from services.common.grpc_util import GrpcServer, open_channel, open_mux_channel
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.tracing import Tracing
@@ -77,7 +76,7 @@ class Gateway:
         # the harness edge: TLS when configured, but no client certificate (harnesses use the API key)
         self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port, settings.tls(), client_auth=False)
         agent = AgentServicer(self.parse, ApiKeys(settings.api_key))
-        chat_pb2_grpc.add_AgentServiceServicer_to_server(agent, self._grpc.server)
+        add_agent_service(agent, self._grpc.server)  # undecodable requests: INVALID_ARGUMENT, not UNKNOWN
         self._sock = _bind(settings.host, settings.http_port)
         self.http_port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(

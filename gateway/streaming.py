@@ -43,14 +43,29 @@ ParseStream = AsyncGenerator[chat_pb2.ChatEventBatch, None]
 # -- before the turn ------------------------------------------------------------------------------
 
 
+# Deepest JSON nesting a request body may have: far beyond any real request (a tool schema inside a tool
+# inside a body is ~10) and short of the recursion limit the stdlib encoder hits when a converter writes a
+# nested field back as JSON text (orjson parses up to 1,024 levels). It is orjson's own encoding limit,
+# which makes the check one C-speed ``orjson.dumps``.
+MAX_JSON_DEPTH = 254
+
+
 async def read_json(request: Request) -> Any:
-    """The request body as JSON; malformed JSON is a 400. Strict JSON (``orjson``): nesting deeper than
-    1,024 levels, lone UTF-16 surrogates, NaN / Infinity and numbers that overflow a double are refused
-    here with the parser's message, never a 500 further on."""
+    """The request body as JSON; malformed JSON is a 400. Strict JSON (``orjson``): lone UTF-16 surrogates,
+    NaN / Infinity and numbers that overflow a double are refused here with the parser's message, and so
+    is nesting deeper than :data:`MAX_JSON_DEPTH` levels, never a 500 further on."""
+    body = await request.body()
     try:
-        return orjson.loads(await request.body())
+        value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise errors.InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:  # else too few brackets to nest that deep
+        try:
+            orjson.dumps(value)  # what orjson.loads returns it can write, unless it nests too deeply
+        except orjson.JSONEncodeError:
+            raise errors.InvalidRequestError(
+                f"request body nests deeper than {MAX_JSON_DEPTH} levels", param="body") from None
+    return value
 
 
 def annotate_span(request: chat_pb2.ChatRequest) -> None:

@@ -46,12 +46,22 @@ def identity_and_hints(
 ) -> tuple[common_pb2.Identity, common_pb2.AgentHints]:
     """Identity by ``gateway.identity``'s precedence; ``nvext.agent_hints`` win over the ``x-harnessmesh-*`` headers."""
     identity = resolve_identity(headers, context, user_id=user_id, prompt_cache_key=prompt_cache_key)
-    priority = hints.priority if hints is not None and hints.priority is not None else \
-        _header_int(headers, "x-harnessmesh-priority")
-    osl = hints.osl if hints is not None and hints.osl is not None else _header_int(headers, "x-harnessmesh-osl")
+    priority = _hint(hints, headers, "priority")
+    osl = _hint(hints, headers, "osl")
     spec = hints.speculative_prefill if hints is not None and hints.speculative_prefill is not None else \
         _header_bool(headers, "x-harnessmesh-speculative-prefill")
     return identity, common_pb2.AgentHints(priority=priority or 0, osl=osl or 0, speculative_prefill=bool(spec))
+
+
+def _hint(hints: AgentHints | None, headers: Mapping[str, str], name: str) -> int | None:
+    """An integer hint from ``nvext.agent_hints`` else its ``x-harnessmesh-*`` header; beyond 32 bits is a 400."""
+    value: int | None = getattr(hints, name) if hints is not None else None
+    param = f"nvext.agent_hints.{name}"
+    if value is None:
+        param = f"x-harnessmesh-{name}"
+        value = _header_int(headers, param)
+    _in_range(param, value, -_INT32_MAX - 1, _INT32_MAX)
+    return value
 
 
 def sampling_params(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from services.api import chat_pb2, common_pb2, worker_pb2
 from services.common import token_bytes
+from services.common.errors import InvalidRequestError
 from services.parse.conversation import (
     ChatMessage,
     Conversation,
@@ -22,8 +25,37 @@ from services.parse.parsers.events import (
     ToolCallStart,
 )
 
+# Deepest nesting accepted in a JSON text field: far beyond any real schema or arguments, well short of
+# the recursion limit that ``json.loads`` and the template's ``tojson`` hit (a RecursionError is no 400).
+MAX_JSON_DEPTH = 256
+_STRINGS = re.compile(r'"(?:[^"\\]++|\\.)*+"')  # possessive: no backtracking on an unclosed string
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def check_json_depth(text: str, param: str) -> None:
+    """Refuse JSON text nested deeper than :data:`MAX_JSON_DEPTH` (a 400 naming ``param``)."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return
+    depth = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidRequestError(f"{param} nests deeper than {MAX_JSON_DEPTH} levels", param=param)
+
+
+def _check_json_fields(request: chat_pb2.ChatRequest) -> None:
+    check_json_depth(request.chat_template_kwargs_json, "chat_template_kwargs_json")
+    for i, tool in enumerate(request.tools):
+        check_json_depth(tool.parameters_json, f"tools[{i}].parameters_json")
+    for i, message in enumerate(request.messages):
+        for j, part in enumerate(message.parts):
+            if part.WhichOneof("kind") == "tool_call":
+                check_json_depth(part.tool_call.arguments_json, f"messages[{i}].parts[{j}].tool_call.arguments_json")
+
 
 def conversation_from_proto(request: chat_pb2.ChatRequest) -> Conversation:
+    """The request's conversation; JSON text fields nested too deeply to parse are a 400 naming the field."""
+    _check_json_fields(request)
     return Conversation(
         messages=tuple(_message(m) for m in request.messages),
         tools=tuple(ToolSpec(t.name, t.description, t.parameters_json) for t in request.tools),

@@ -66,7 +66,7 @@ def next_turn_request(
     out.prefill_only = True
     out.target_worker_id = worker_id
     out.hints.speculative_prefill = False
-    out.hints.priority = min(out.hints.priority, 0) - 1  # never ahead of real turns in a queue
+    out.hints.priority = max(min(out.hints.priority, 0) - 1, -(2**31))  # never ahead of real turns (int32)
     return out
 
 

@@ -61,7 +61,9 @@ def error_response(error: errors.MeshError, request_id: str = "") -> JSONRespons
     return JSONResponse(error_body(error, request_id), status_code=status, headers=retry_after_header(error))
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+# ``unknown``: the tag of a content block whose type this gateway does not know (``models.UnknownBlock``);
+# the block's own tags (``tool_result``) stay, as in Anthropic's paths.
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "unknown"}
 
 
 def _keep(segment: int | str) -> bool:

@@ -71,7 +71,8 @@ class UnknownBlock(_Loose):
 
 def _block_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in _KNOWN else "unknown"
+    # A type that is not a string (``{"type": {}}``) is unhashable: "unknown", whose ``type: str`` names it.
+    return kind if isinstance(kind, str) and kind in _KNOWN else "unknown"
 
 
 _KNOWN = {"text", "image", "document", "thinking", "redacted_thinking", "tool_use", "server_tool_use", "tool_result"}

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
 
 from gateway.apis.grpc_edge.errors import abort, error_batch, redact
 from gateway.auth import ApiKeys
@@ -35,11 +39,14 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
             await errors.abort_with(context, errors.UnauthenticatedError("Incorrect or missing API key."))
 
     async def Chat(
-        self, request: chat_pb2.ChatRequest, context: Any
+        self, request: chat_pb2.ChatRequest | Undecodable, context: Any
     ) -> AsyncIterator[chat_pb2.ChatEventBatch]:
+        await self._authenticate(context)
+        if isinstance(request, Undecodable):
+            await errors.abort_with(context, request.error("ChatRequest"))
+            return
         sent = False
         request_id = request.request_id or uuid.uuid4().hex
-        await self._authenticate(context)
         try:
             if not request.messages:
                 raise errors.InvalidRequestError("messages must not be empty", param="messages")
@@ -60,9 +67,11 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
             yield error_batch(exc, request_id)
 
     async def GetModel(
-        self, request: chat_pb2.ModelInfoRequest, context: Any
+        self, request: chat_pb2.ModelInfoRequest | Undecodable, context: Any
     ) -> chat_pb2.ModelInfo:
         await self._authenticate(context)
+        if isinstance(request, Undecodable):
+            await errors.abort_with(context, request.error("ModelInfoRequest"))
         try:
             info = await self._parse.get_model()
         except errors.MeshError as err:
@@ -72,6 +81,41 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
         reply.CopyFrom(info)
         reply.served_model_name = self._parse.public_name(info)
         return reply
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """Request bytes that are not the method's message. gRPC would answer them UNKNOWN before any handler
+    runs; registered through :func:`add_agent_service` they reach the servicer, which answers INVALID_ARGUMENT."""
+
+    reason: str
+
+    def error(self, message: str) -> errors.InvalidRequestError:
+        return errors.InvalidRequestError(f"the request is not a valid harnessmesh.v1.{message}: {self.reason}")
+
+
+def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:  # also invalid UTF-8 in a string field
+            return Undecodable(str(exc) or "malformed protobuf")
+    return deserialize
+
+
+def add_agent_service(servicer: AgentServicer, server: Any) -> None:
+    """Serve ``AgentService`` on ``server``: ``add_AgentServiceServicer_to_server`` with request parsing that
+    turns undecodable bytes into :class:`Undecodable` (INVALID_ARGUMENT) instead of gRPC's UNKNOWN."""
+    handlers = {
+        "Chat": grpc.unary_stream_rpc_method_handler(
+            servicer.Chat, request_deserializer=_tolerant(chat_pb2.ChatRequest.FromString),
+            response_serializer=chat_pb2.ChatEventBatch.SerializeToString),
+        "GetModel": grpc.unary_unary_rpc_method_handler(
+            servicer.GetModel, request_deserializer=_tolerant(chat_pb2.ModelInfoRequest.FromString),
+            response_serializer=chat_pb2.ModelInfo.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("harnessmesh.v1.AgentService", handlers),))
+    server.add_registered_method_handlers("harnessmesh.v1.AgentService", handlers)
 
 
 def _metadata(context: Any) -> dict[str, str]:
