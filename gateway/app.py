@@ -152,6 +152,35 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class InternalErrorMiddleware:
+    """An unexpected exception under it becomes a 500 in the API's shape (logged with the request id) and is
+    not raised further: Starlette's own last-resort handler answers too, then re-raises, and the server
+    closes the keep-alive connection, failing the client's next request on it. After the response started
+    (a stream), the exception is raised as before: streams report their errors in-band themselves."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            await _api_error(Request(scope), exc)(scope, receive, send)
+
+
 def _api_error(request: Request, exc: BaseException) -> Response:
     """``exc`` as the client may see it, in the error shape of the API the request speaks."""
     anthropic = anthropic_errors.is_anthropic_request(request)
@@ -226,6 +255,7 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_key)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
+    app.add_middleware(InternalErrorMiddleware)  # inside the span: a 500 still ends the request's span with it
     app.add_middleware(RequestSpanMiddleware, tracer=tracer or trace.get_tracer("harnessmesh.gateway"))
     chat_paths = frozenset(p for p in _APIS if settings.enable_anthropic_api or p != "/v1/messages")
     app.add_middleware(AdmissionGate, admission=parse.admission, paths=chat_paths, keys=settings.api_key)
