@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import yaml
 
 from services.common.settings import env_name, fields_of, parse_settings
+from services.launcher.nats_server import find_nats_server
 from services.launcher.specs import ALL_SERVICES, ServiceSpec
+from services.launcher.supervisor import free_port, terminate
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = {spec.module: spec for spec in ALL_SERVICES}
@@ -107,3 +112,42 @@ def test_gpu_profile_runs_trtllm_workers_on_reserved_gpus(compose: dict[str, Any
         devices += reservation["device_ids"]
     assert len(devices) == len(set(devices)), "two workers reserve the same GPU"
     assert (REPO / "Dockerfile.trtllm").read_text().count("nvcr.io/nvidia/tensorrt-llm/release") == 1
+
+
+def test_nats_requires_the_token_and_every_nats_client_gets_it(compose: dict[str, Any]) -> None:
+    nats_service = compose["services"]["nats"]
+    variable = "${HARNESSMESH_NATS_TOKEN:?"
+    assert nats_service["environment"]["HARNESSMESH_NATS_TOKEN"].startswith(variable)
+    assert "./deploy/nats/nats.conf:/etc/nats/nats.conf:ro" in nats_service["volumes"]
+    for name, _spec, argv, env in our_services(compose):
+        if "--nats-url" in argv:
+            assert env.get("HARNESSMESH_NATS_TOKEN", "").startswith(variable), name
+        assert not any("TOKEN" in arg.upper() for arg in argv), name  # secrets never on a command line
+
+
+async def test_the_compose_nats_config_refuses_clients_without_the_token(tmp_path: Path) -> None:
+    """The real nats-server with deploy/nats/nats.conf, the token in its environment as compose gives it."""
+    port = free_port()
+    token = "compose-test-token"
+    server = await asyncio.create_subprocess_exec(
+        find_nats_server(), "-c", str(REPO / "deploy" / "nats" / "nats.conf"), "-js", "-sd", str(tmp_path),
+        "-a", "127.0.0.1", "-p", str(port), env={**os.environ, "HARNESSMESH_NATS_TOKEN": token},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    url = f"nats://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                nc = await nats.connect(url, token=token, connect_timeout=1, allow_reconnect=False)
+                break
+            except Exception:
+                await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("nats-server did not start with deploy/nats/nats.conf")
+        assert nc.is_connected
+        await nc.close()
+        for wrong in (None, "not-the-token"):
+            with pytest.raises(Exception):  # noqa: B017 - nats-py raises several kinds for a refused connect
+                await nats.connect(url, token=wrong, connect_timeout=1, allow_reconnect=False,
+                                   max_reconnect_attempts=0)
+    finally:
+        await terminate([server], 5.0)
