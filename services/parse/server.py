@@ -81,7 +81,7 @@ async def start(
     metrics = ParseMetrics()
     replicas = RouterReplicas([GenerateStub(channel, "Router") for channel in channels])
     router = ReusingStub(replicas, retry_unavailable=settings.router_retry)
-    servicer = ParseService(fmt, router, tracer, metrics=metrics,
+    servicer = ParseService(fmt, router, tracer, metrics=metrics, limits=settings.request_limits(),
                             router_info=RouterInfo([router_pb2_grpc.RouterStub(c) for c in info_channels]))
     server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)

@@ -18,6 +18,7 @@ from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.parse import convert
+from services.parse.limits import RequestLimits
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
@@ -42,12 +43,14 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         created: int | None = None,
         prefix_watch: PrefixWatch | None = None,
         metrics: ParseMetrics | None = None,
+        limits: RequestLimits | None = None,
         router_info: RouterInfo | router_pb2_grpc.RouterStub | None = None,
     ) -> None:
         self.metrics = metrics or ParseMetrics()
         self._format = model_format
         self._router = router
         self._router_info = router_info  # unary calls to the router (ListWorkers for Ready)
+        self._limits = limits or RequestLimits()  # the shape a request may have (limits.py)
         self._tracer = tracer or trace.get_tracer("harnessmesh.parse")
         self._created = int(time.time()) if created is None else created
         self.speculative = SpeculativePrefiller(model_format, router)  # issue 5: speculative prefill hook
@@ -154,6 +157,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         """The rendered prompt and the ``max_tokens`` the router gets (see :meth:`ModelFormat.fit_max_tokens`)."""
         with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
             started = time.monotonic()
+            self._limits.check(request)
             conversation = convert.conversation_from_proto(request)
             prompt = await asyncio.to_thread(self._format.build_prompt, conversation,
                                              session=session_key(request.identity))
@@ -174,6 +178,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         try:
             kind = request.WhichOneof("input")
             if kind == "chat":
+                self._limits.check(request.chat)
                 prompt = await asyncio.to_thread(
                     self._format.build_prompt, convert.conversation_from_proto(request.chat))
                 return parse_pb2.TokenizeResponse(

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
+from services.parse.limits import RequestLimits
 from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
 from services.parse.replay import REPLAY_CHOICES
 
@@ -38,6 +39,11 @@ class ParseSettings(CommonSettings):
     reasoning_replay: str = option(
         "auto", "How earlier turns' reasoning is replayed: pass (as reasoning_content), reinsert (in the model's "
         "markers), drop; auto: pass when the chat template reads reasoning, else drop.", choices=REPLAY_CHOICES)
+    max_messages: int = option(10_000, "Most messages one request may carry (0: no limit); more is a 400.")
+    max_tools: int = option(1_000, "Most tools one request may declare (0: no limit); more is a 400.")
+    max_message_parts: int = option(1_000, "Most parts (texts, reasoning, tool calls) per message (0: no limit).")
+    max_text_chars: int = option(
+        4_000_000, "Most characters in one text, reasoning, tool-call arguments or tool schema (0: no limit).")
     render_budget_ms: int = option(
         1000, "Most milliseconds one chat-template render may take; past it the request gets a 400 naming this "
         "budget (a render holds the GIL: this bounds how long one conversation can slow the service). 0: none.")
@@ -48,6 +54,10 @@ class ParseSettings(CommonSettings):
     def template_clock(self) -> datetime | None:
         """The pinned template time, or None for the real clock."""
         return datetime.fromisoformat(self.template_now) if self.template_now else None
+
+    def request_limits(self) -> RequestLimits:
+        """The shape limits every request is checked against (``limits.py``)."""
+        return RequestLimits(self.max_messages, self.max_tools, self.max_message_parts, self.max_text_chars)
 
     def router_addresses(self) -> list[str]:
         """The router replicas, in preference order."""
@@ -69,6 +79,9 @@ class ParseSettings(CommonSettings):
             raise ValueError("max_model_len must be >= 0")
         if self.render_budget_ms < 0:
             raise ValueError("render_budget_ms must be >= 0")
+        for name in ("max_messages", "max_tools", "max_message_parts", "max_text_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         if self.reasoning_parser and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r}; valid: {sorted(REASONING_PARSERS)}")
         if self.tool_parser and self.tool_parser not in TOOL_PARSERS:
