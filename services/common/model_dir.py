@@ -20,13 +20,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
 from tokenizers import Tokenizer
 
 from services.common.errors import InvalidRequestError
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
-log = structlog.get_logger()
+
+
+def _log() -> Any:
+    """The logger, imported when first needed: the replay simulator loads a model directory and logs nothing,
+    and structlog's import (with rich's) is ~70 ms of its start-up."""
+    import structlog
+
+    return structlog.get_logger()
 SEGMENT_CACHE_BYTES = 64 << 20  # fastokens' segment cache (text between added tokens -> ids), unless
 # FASTOKENS_SEGMENT_CACHE (MiB) is set: it serves full builds after a rewritten history
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
@@ -113,10 +119,10 @@ def load_prompt_encoder(tokenizer_json: str, reference: Tokenizer, *, source: st
         candidate = Encoder(fast, "fastokens")
         for text in probe_texts(reference):
             if candidate.encode(text) != fallback.encode(text):
-                log.warning("model_dir.fastokens_mismatch", model=source, probe=text[:80])
+                _log().warning("model_dir.fastokens_mismatch", model=source, probe=text[:80])
                 return fallback
     except Exception as exc:  # any failure to load means: use the reference tokenizer
-        log.warning("model_dir.fastokens_unavailable", model=source, error=f"{type(exc).__name__}: {exc}")
+        _log().warning("model_dir.fastokens_unavailable", model=source, error=f"{type(exc).__name__}: {exc}")
         return fallback
     return candidate
 

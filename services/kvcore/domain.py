@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -68,9 +68,9 @@ class EngineOutput:
     stop_string: str = ""                     # the stop string that ended generation, if any
 
 
-@dataclass(frozen=True)
-class StoredBlock:
-    """A full KV block: chained sequence hash, the engine's own block id, and its token count."""
+class StoredBlock(NamedTuple):
+    """A full KV block: chained sequence hash, the engine's own block id, and its token count (a NamedTuple:
+    made by the thousand when a long prompt is stored, twice as fast to build as a frozen dataclass)."""
 
     block_hash: int
     engine_block_id: int

@@ -14,8 +14,11 @@ event seen has id 1 needs no repair; one first seen mid-stream does.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import cast
 
 
 @dataclass(frozen=True)
@@ -117,8 +120,12 @@ class KvIndex:
             state.last_event_id = event.event_id
             self.events_applied += 1
             if isinstance(event, StoredEvent):
-                state.blocks.update(event.block_hashes)
-                for block in event.block_hashes:
+                hashes = event.block_hashes
+                state.blocks.update(hashes)
+                if not any(map(holders.__contains__, hashes)):  # the usual case: new to the whole index
+                    holders.update(zip(hashes, map(set, repeat((worker_id,))), strict=False))  # one set each, in C
+                    continue
+                for block in hashes:
                     held = holders.get(block)
                     if held is None:
                         holders[block] = {worker_id}
@@ -126,14 +133,18 @@ class KvIndex:
                         held.add(worker_id)
             elif isinstance(event, RemovedEvent):
                 blocks = state.blocks
-                for block in event.block_hashes:
-                    if block in blocks:
-                        blocks.discard(block)
-                        held = holders.get(block)
-                        if held is not None:
-                            held.discard(worker_id)
-                            if not held:
-                                del holders[block]
+                present = list(filter(blocks.__contains__, event.block_hashes))
+                blocks.difference_update(present)
+                sets = list(map(holders.get, present))
+                if None not in sets and list(map(len, cast(list[set[str]], sets))).count(1) == len(sets):
+                    # every one held by this worker alone: drop them all (C-speed)
+                    deque(map(holders.__delitem__, present), maxlen=0)
+                    continue
+                for block, held in zip(present, sets, strict=True):
+                    if held is not None:
+                        held.discard(worker_id)
+                        if not held:
+                            del holders[block]
             else:
                 for block in state.blocks:
                     self._unhold(worker_id, block)
