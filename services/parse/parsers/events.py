@@ -50,23 +50,43 @@ class ToolCallDispatch:
 Event = ReasoningDelta | TextDelta | ToolCallStart | ToolCallArgumentsDelta | ToolCallDispatch
 
 
+def _piece(event: Event) -> str | None:
+    if isinstance(event, ReasoningDelta | TextDelta):
+        return event.text
+    return event.delta if isinstance(event, ToolCallArgumentsDelta) else None
+
+
+def _same_run(last: Event | None, event: Event) -> bool:
+    if isinstance(event, ToolCallArgumentsDelta):
+        return isinstance(last, ToolCallArgumentsDelta) and last.index == event.index
+    return isinstance(event, ReasoningDelta | TextDelta) and type(last) is type(event)
+
+
+def _joined(first: Event, pieces: list[str]) -> Event:
+    text = "".join(pieces)
+    if isinstance(first, ToolCallArgumentsDelta):
+        return ToolCallArgumentsDelta(first.index, first.id, text)
+    return ReasoningDelta(text) if isinstance(first, ReasoningDelta) else TextDelta(text)
+
+
 def merge_deltas(events: list[Event]) -> list[Event]:
-    """Join adjacent deltas of the same kind (and same call), so batching does not change the result."""
+    """Join adjacent deltas of the same kind (and same call), so batching does not change the result.
+
+    Each run is joined once (linear in its length); empty text deltas outside a run are dropped.
+    """
     out: list[Event] = []
+    pieces: list[str] = []      # the texts of the run ending at out[-1]
     for event in events:
-        last = out[-1] if out else None
-        if isinstance(event, ReasoningDelta) and isinstance(last, ReasoningDelta):
-            out[-1] = ReasoningDelta(last.text + event.text)
-        elif isinstance(event, TextDelta) and isinstance(last, TextDelta):
-            out[-1] = TextDelta(last.text + event.text)
-        elif (
-            isinstance(event, ToolCallArgumentsDelta)
-            and isinstance(last, ToolCallArgumentsDelta)
-            and last.index == event.index
-        ):
-            out[-1] = ToolCallArgumentsDelta(last.index, last.id, last.delta + event.delta)
-        elif isinstance(event, ReasoningDelta | TextDelta) and not event.text:
+        piece = _piece(event)
+        if piece is not None and out and _same_run(out[-1], event):
+            pieces.append(piece)
             continue
-        else:
-            out.append(event)
+        if isinstance(event, ReasoningDelta | TextDelta) and not event.text:
+            continue
+        if len(pieces) > 1:
+            out[-1] = _joined(out[-1], pieces)
+        out.append(event)
+        pieces = [piece] if piece is not None else []
+    if len(pieces) > 1:
+        out[-1] = _joined(out[-1], pieces)
     return out

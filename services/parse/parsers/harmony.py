@@ -5,6 +5,7 @@ and recipient-less ``commentary`` (preambles) are answer text. A message address
 (``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}<|call|>``) is passed on
 unchanged, re-framed as ``<|channel|>HEADER<|message|>BODY<|call|>``, for the ``harmony`` tool parser.
 ``<|start|>assistant`` between messages is dropped. Output that starts with no header at all is text.
+A header is held as pieces until its ``<|message|>`` (linear however long it runs).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from enum import Enum
 
-from services.parse.parsers.base import find_first, partial_marker_len
+from services.parse.parsers.base import HeldText, find_first, partial_marker_len
 from services.parse.parsers.events import Event, ReasoningDelta, TextDelta
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -35,7 +36,8 @@ class HarmonyReasoningParser:
     def __init__(self, marker: Callable[[str], str] = str) -> None:
         self._m = {name: marker(name) for name in HARMONY_MARKERS}
         self._ends = tuple(self._m[e] for e in ENDS)
-        self._buf = ""
+        self._buf = ""                # body text not yet emitted (at most half an end marker)
+        self._header = HeldText((self._m[MESSAGE],))
         self._mode = _Mode.HEADER
         self._first = True
 
@@ -51,22 +53,24 @@ class HarmonyReasoningParser:
         m = self._m
         while True:
             if self._mode is _Mode.HEADER:
-                if self._first and self._buf and not any(
-                    self._buf.startswith(x) or x.startswith(self._buf) for x in (m[START], m[CHANNEL])
+                at, _ = self._header.add(self._buf)
+                self._buf = ""
+                head = self._header.head
+                if self._first and head and not any(
+                    head.startswith(x) or x.startswith(head) for x in (m[START], m[CHANNEL])
                 ):
+                    self._buf, self._header = self._header.text(), HeldText((m[MESSAGE],))
                     self._mode = _Mode.TEXT  # no Harmony framing at all: plain text
                     self._first = False
                     continue
-                at = self._buf.find(m[MESSAGE])
                 if at < 0:
-                    if final and self._buf.strip():
-                        pass  # an unfinished header carries no content: dropped (never leaks markers)
-                    if final:
-                        self._buf = ""
+                    if final:  # an unfinished header carries no content: dropped (never leaks markers)
+                        self._header = HeldText((m[MESSAGE],))
                     return events
                 self._first = False
-                header = self._buf[:at].replace(m[START], "").removeprefix("assistant")
-                self._buf = self._buf[at + len(m[MESSAGE]):]
+                held, self._header = self._header.text(), HeldText((m[MESSAGE],))
+                header = held[:at].replace(m[START], "").removeprefix("assistant")
+                self._buf = held[at + len(m[MESSAGE]):]
                 self._mode = self._classify(header, events)
                 continue
             at, end = find_first(self._buf, self._ends)

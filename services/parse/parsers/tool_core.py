@@ -1,4 +1,4 @@
-"""What every tool-call parser shares: call ids, the JSON value scanner, the call/text event emitter."""
+"""What every tool-call parser shares: call ids, the parser context, the call/text event emitter."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.parse.parsers.events import Event, TextDelta, ToolCallArgumentsDelta, ToolCallDispatch, ToolCallStart
-
-_SCALAR_END = frozenset(" \t\r\n},];")
 
 
 def new_tool_call_id() -> str:
@@ -43,74 +41,6 @@ class ParserContext:
         return kind if isinstance(kind, str) else ""
 
 
-class JsonScanner:
-    """Finds where one JSON value ends, one character at a time (strings and nesting aware).
-
-    ``depth`` > 0 starts the scanner inside that many open containers (to skip to an object's end).
-    """
-
-    def __init__(self, depth: int = 0) -> None:
-        self.text = ""
-        self.done = False
-        self._depth = depth
-        self._started = depth > 0
-        self._in_string = False
-        self._escape = False
-        self._scalar = False
-
-    @property
-    def in_string(self) -> bool:
-        return self._in_string
-
-    @property
-    def is_scalar(self) -> bool:
-        """A number / true / false / null: its end is only known at the next character, so it is not streamed."""
-        return self._scalar
-
-    def close(self) -> None:
-        """End of input: a number / literal still being read is complete."""
-        if self._scalar and self.text:
-            self.done = True
-
-    def push(self, c: str) -> bool:
-        """Consume ``c``; False when ``c`` is not part of the value (it ended just before)."""
-        if not self._started:
-            if c.isspace():
-                return True  # whitespace before the value is not part of it
-            self._started = True
-            self.text = c
-            if c in "{[":
-                self._depth = 1
-            elif c == '"':
-                self._in_string = True
-            else:
-                self._scalar = True
-            return True
-        if self._scalar:
-            if c in _SCALAR_END:
-                self.done = True
-                return False
-            self.text += c
-            return True
-        self.text += c
-        if self._in_string:
-            if self._escape:
-                self._escape = False
-            elif c == "\\":
-                self._escape = True
-            elif c == '"':
-                self._in_string = False
-                self.done = self._depth == 0
-        elif c == '"':
-            self._in_string = True
-        elif c in "{[":
-            self._depth += 1
-        elif c in "}]":
-            self._depth -= 1
-            self.done = self._depth == 0
-        return True
-
-
 def valid_json(text: str) -> bool:
     try:
         json.loads(text)
@@ -124,7 +54,8 @@ class CallEmitter:
 
     Whitespace that only separates text from a call, or calls from each other, is the template's, not
     content: trailing whitespace of text is held back and dropped when a call follows (or when the
-    stream ends after one). A plain text answer keeps its whitespace.
+    stream ends after one). A plain text answer keeps its whitespace. Held whitespace and a call's
+    arguments are kept as pieces (joined once), so a long run of either costs linear time.
     """
 
     def __init__(self, new_call_id: Callable[[], str]) -> None:
@@ -132,43 +63,53 @@ class CallEmitter:
         self.index = -1
         self.id = ""
         self.name = ""
-        self.arguments = ""
+        self._arguments: list[str] = []
         self.open = False            # a call started and not yet dispatched or abandoned
-        self._held_space = ""
+        self._held_space: list[str] = []
+
+    @property
+    def arguments(self) -> str:
+        """The open (or last) call's arguments text so far."""
+        if len(self._arguments) > 1:
+            self._arguments = ["".join(self._arguments)]
+        return self._arguments[0] if self._arguments else ""
 
     def text(self, text: str, events: list[Event]) -> None:
-        combined = self._held_space + text
-        body = combined.rstrip()
-        self._held_space = combined[len(body):]
-        if body:
-            events.append(TextDelta(body))
+        body = text.rstrip()
+        if not body:
+            if text:
+                self._held_space.append(text)
+            return
+        events.append(TextDelta("".join(self._held_space) + body if self._held_space else body))
+        self._held_space = [text[len(body):]] if len(body) < len(text) else []
 
     def end_text(self, events: list[Event]) -> None:
         """End of stream: held whitespace is content only when no call was made."""
         if self._held_space and self.index < 0:
-            events.append(TextDelta(self._held_space))
-        self._held_space = ""
+            events.append(TextDelta("".join(self._held_space)))
+        self._held_space = []
 
     def start(self, name: str, events: list[Event], call_id: str = "") -> None:
-        self._held_space = ""
+        self._held_space = []
         self.index += 1
         self.id = call_id or self._new_id()
         self.name = name
-        self.arguments = ""
+        self._arguments = []
         self.open = True
         events.append(ToolCallStart(self.index, self.id, name))
 
     def args(self, delta: str, events: list[Event]) -> None:
         if delta:
-            self.arguments += delta
+            self._arguments.append(delta)
             events.append(ToolCallArgumentsDelta(self.index, self.id, delta))
 
     def dispatch(self, events: list[Event]) -> bool:
         """Dispatch the open call if its arguments are valid JSON; False (call abandoned) otherwise."""
         self.open = False
-        if not valid_json(self.arguments):
+        arguments = self.arguments
+        if not valid_json(arguments):
             return False
-        events.append(ToolCallDispatch(self.index, self.id, self.name, self.arguments))
+        events.append(ToolCallDispatch(self.index, self.id, self.name, arguments))
         return True
 
     def whole(self, name: str, arguments: Any, events: list[Event], call_id: str = "") -> None:

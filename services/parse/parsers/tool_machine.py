@@ -11,6 +11,10 @@ Recovery (end of stream or malformed input); markers never reach the visible tex
   are not valid JSON keeps the start / delta events already sent and is never dispatched;
 - a JSON object that opened a call but never yields a name is emitted as text (without the markers);
 - an unfinished header (half a function name) is dropped.
+
+Linear in the input (``bench/parser_adversarial.py``): a value's scan resumes where the last feed
+stopped (``JsonScanner``), text that waits for a marker is held as pieces (``HeldText``), and the
+buffer between feeds only holds what is still undecided (at most half a marker).
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ import re
 from collections.abc import Sequence
 from enum import Enum
 
-from services.parse.parsers.base import find_first, partial_marker_len
+from services.parse.parsers.base import HeldText, find_first, partial_marker_len, run_end
 from services.parse.parsers.events import Event
-from services.parse.parsers.tool_core import CallEmitter, JsonScanner, ParserContext
+from services.parse.parsers.json_scan import JsonScanner, Scan
+from services.parse.parsers.tool_core import CallEmitter, ParserContext
 from services.parse.parsers.tool_formats import ToolFormat
 from services.parse.parsers.tool_params import ParamsBody
 
@@ -39,6 +44,7 @@ class _S(Enum):
     ARGS = 4        # a JSON arguments value
     PARAMS = 5
     TAIL = 6        # after the arguments: skip to the call's end
+    LOOSE = 7       # text inside a section that is not a call: held until the section's end
 
 
 class MarkedToolParser:
@@ -49,16 +55,19 @@ class MarkedToolParser:
         self._ctx = ctx
         self._calls = CallEmitter(ctx.new_call_id)
         self._s = _S.TEXT
-        self._buf = ""
+        self._buf = ""                # fed text not yet consumed (at most an undecided marker's worth)
+        self._lead: list[str] = []    # whitespace opening the output, while a bare_start call may follow
+        self._held = HeldText()       # a header, or loose section text, waiting for its marker
         self._section_end = ""
         self._calls_in_section = 0
         self._array = False
         self._seen_text = False       # bare_start only applies at the very beginning of the output
         self._scanner = JsonScanner()
-        self._sent = 0
         self._params: ParamsBody | None = None
         self._object_call = False
-        self._starts = tuple(start for start, _ in self._f.sections)
+        self._sections = dict(self._f.sections)
+        self._starts = tuple(self._sections)
+        self._between = re.compile(r"[\s" + re.escape(self._f.separators) + "]*")
         self._keep = {m for m in (self._f.call_end, *(e for _, e in self._f.sections)) if m}
         if self._f.params:
             self._keep.add(self._f.params.open)
@@ -73,24 +82,26 @@ class MarkedToolParser:
 
     def finish(self) -> list[Event]:
         events = self._drain(final=True)
-        if self._s is _S.OBJECT and self._buf.strip():
-            self._calls.text(self._strip_markers(self._buf), events)  # a JSON object that never named a call is text
+        if self._s is _S.OBJECT:
+            body = self._scanner.take() + self._buf
+            if body.strip():
+                self._calls.text(self._strip_markers(body), events)  # a JSON object that never named a call is text
         self._buf = ""
         self._calls.end_text(events)
         return events
 
     def _drain(self, *, final: bool) -> list[Event]:
         events: list[Event] = []
-        step = {
-            _S.TEXT: self._text, _S.SECTION: self._section, _S.OBJECT: self._object, _S.HEADER: self._header,
-            _S.ARGS: self._args, _S.PARAMS: self._param_body, _S.TAIL: self._tail,
-        }
-        while step[self._s](events, final):
+        while _STEPS[self._s](self, events, final):
             pass
         return events
 
     def _open_section(self, end: str) -> None:
         self._s, self._section_end, self._calls_in_section, self._array = _S.SECTION, end, 0, False
+
+    def _wait(self, state: _S, markers: tuple[str, ...]) -> bool:
+        self._s, self._held = state, HeldText(markers)
+        return True
 
     # -- states: each returns True when it changed state and draining should go on --------------------
 
@@ -99,17 +110,22 @@ class MarkedToolParser:
         if f.bare_start and not self._seen_text:
             stripped = self._buf.lstrip()
             if stripped[:1] in ("{", "["):
-                self._buf = stripped
+                self._buf, self._lead = stripped, []
                 self._open_section("")
                 return True
             if not stripped and not final:
+                if self._buf:
+                    self._lead.append(self._buf)
+                self._buf = ""
                 return False
+            if self._lead:
+                self._buf, self._lead = "".join(self._lead) + self._buf, []
         at, start = find_first(self._buf, self._starts)
         if at >= 0:
             self._calls.text(self._buf[:at], events)
             self._seen_text = True
             self._buf = self._buf[at + len(start):]
-            self._open_section(dict(f.sections)[start])
+            self._open_section(self._sections[start])
             return True
         hold = 0 if final else partial_marker_len(self._buf, *self._starts)
         emit, self._buf = self._buf[: len(self._buf) - hold], self._buf[len(self._buf) - hold:]
@@ -119,9 +135,7 @@ class MarkedToolParser:
 
     def _section(self, events: list[Event], final: bool) -> bool:
         f = self._f
-        buf = self._buf.lstrip()
-        while buf and buf[0] in f.separators and self._calls_in_section:
-            buf = buf[1:].lstrip()
+        buf = self._buf[run_end(self._between, self._buf):] if self._calls_in_section else self._buf.lstrip()
         self._buf = buf
         if not buf:
             if final:
@@ -135,9 +149,9 @@ class MarkedToolParser:
                 if marker == end:
                     self._s = _S.TEXT
                 elif marker == f.call_start:
-                    self._s = _S.HEADER
+                    return self._wait(_S.HEADER, f.header_ends)
                 else:
-                    self._open_section(dict(f.sections)[marker])
+                    self._open_section(self._sections[marker])
                 return True
         if not final and any(m.startswith(buf) for m in candidates):
             return False
@@ -150,53 +164,63 @@ class MarkedToolParser:
             self._buf, self._array = buf[1:], True
             return True
         if buf[0] == "{":
-            self._s, self._scanner, self._sent = _S.OBJECT, JsonScanner(), 0
+            self._s, self._scanner = _S.OBJECT, JsonScanner(colons=2)  # the second ":" ends a call's header
             return True
         if f.header_ends and not f.call_start and not self._calls_in_section:
-            self._s = _S.HEADER
-            return True
+            return self._wait(_S.HEADER, f.header_ends)
         if end:  # text inside a section that is not a call: visible, without the section's markers
-            at = buf.find(end)
-            if at < 0 and not final:
-                return False
-            self._calls.text(self._strip_markers(buf if at < 0 else buf[:at]), events)
-            self._buf = "" if at < 0 else buf[at + len(end):]
-            self._s = _S.TEXT
-            return True
+            return self._wait(_S.LOOSE, (end,))
         self._s = _S.TEXT  # not a call: the section is over; what follows is text
         return True
 
-    def _object(self, events: list[Event], final: bool) -> bool:
-        match = _OBJECT_HEADER.match(self._buf)
-        if match is not None:
-            try:
-                name = json.loads('"' + match.group(1) + '"')
-            except json.JSONDecodeError:
-                name = None
-            if isinstance(name, str):
-                self._calls.start(name, events)
-                self._buf = self._buf[match.end():]
-                self._object_call = True
-                self._calls_in_section += 1
-                self._begin_args()
-                return True
-        scanner = JsonScanner()
-        for c in self._buf:
-            if not scanner.push(c) or scanner.done:
-                break
-        if not scanner.done:
+    def _loose(self, events: list[Event], final: bool) -> bool:
+        at, _ = self._held.add(self._buf)
+        self._buf = ""
+        if at < 0 and not final:
             return False
-        body = scanner.text
-        self._buf = self._buf[self._buf.index("{") + len(body):]
-        self._whole_object(body, events)
+        held = self._held.text()
+        self._calls.text(self._strip_markers(held if at < 0 else held[:at]), events)
+        self._buf = "" if at < 0 else held[at + len(self._section_end):]
+        self._s, self._held = _S.TEXT, HeldText()
+        return True
+
+    def _object(self, events: list[Event], final: bool) -> bool:
+        scanner = self._scanner
+        while True:
+            end, status = scanner.scan(self._buf)
+            self._buf = self._buf[end:]
+            if status is Scan.DONE:
+                self._whole_object(scanner.take(), events)
+                self._calls_in_section += 1
+                self._s = _S.SECTION
+                return True
+            if status is not Scan.COLON:
+                return False
+            if not scanner.colons and self._named_call(scanner.text(), events):
+                return True
+
+    def _named_call(self, head: str, events: list[Event]) -> bool:
+        """At the object's second top-level ``:``: does ``head`` open a call (``{"name": .., "arguments":``)?"""
+        match = _OBJECT_HEADER.match(head)
+        if match is None:
+            return False
+        try:
+            name = json.loads('"' + match.group(1) + '"')
+        except json.JSONDecodeError:
+            return False
+        if not isinstance(name, str):
+            return False
+        self._calls.start(name, events)
+        self._buf = head[match.end():] + self._buf
+        self._object_call = True
         self._calls_in_section += 1
-        self._s = _S.SECTION
+        self._begin_args()
         return True
 
     def _whole_object(self, body: str, events: list[Event]) -> None:
         try:
             obj = json.loads(body)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             obj = None
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
             self._calls.whole(obj["name"], obj.get("arguments", obj.get("parameters", {})), events)
@@ -205,13 +229,15 @@ class MarkedToolParser:
 
     def _header(self, events: list[Event], final: bool) -> bool:
         f = self._f
-        at, end = find_first(self._buf, f.header_ends)
+        at, end = self._held.add(self._buf)
+        self._buf = ""
         if at < 0:
             if final:
-                self._buf, self._s = "", _S.TEXT  # half a header carries nothing worth showing
+                self._s, self._held = _S.TEXT, HeldText()  # half a header carries nothing worth showing
             return False
-        header = self._buf[:at]
-        self._buf = self._buf[at + (0 if end in self._keep else len(end)):]
+        held, self._held = self._held.text(), HeldText()
+        header = held[:at]
+        self._buf = held[at + (0 if end in self._keep else len(end)):]
         if f.name_after and f.name_after in header:
             header = header.split(f.name_after)[-1]
         match = _NAME.match(header)
@@ -233,43 +259,28 @@ class MarkedToolParser:
         return True
 
     def _begin_args(self) -> None:
-        self._scanner, self._sent, self._s = JsonScanner(), 0, _S.ARGS
-
-    def _stops(self) -> tuple[str, ...]:
-        return tuple(m for m in (self._f.call_end, self._section_end) if m)
+        stops = tuple(m for m in (self._f.call_end, self._section_end) if m)
+        self._scanner, self._s = JsonScanner(stops=stops), _S.ARGS
 
     def _args(self, events: list[Event], final: bool) -> bool:
-        scanner, buf, stops, i = self._scanner, self._buf, self._stops(), 0
-        broken = False
-        while i < len(buf):
-            if not scanner.in_string and stops:
-                rest = buf[i:i + 64]
-                if any(rest.startswith(m) for m in stops):
-                    broken = True  # the call closed before its arguments did: never dispatched
-                    break
-                if not final and any(m.startswith(rest) for m in stops):
-                    break  # maybe an end marker: wait for more
-            if not scanner.push(buf[i]):
-                break
-            i += 1
-            if scanner.done:
-                break
-        if final and not broken and i == len(buf):
+        scanner = self._scanner
+        end, status = scanner.scan(self._buf, final=final)
+        self._buf = self._buf[end:]
+        if final and status is Scan.MORE:
             scanner.close()
-        self._buf = buf[i:]
-        if scanner.text[self._sent:] and (scanner.done or not scanner.is_scalar):
-            self._calls.args(scanner.text[self._sent:], events)
-            self._sent = len(scanner.text)
+        if scanner.done or not scanner.is_scalar:
+            self._calls.args(scanner.take(), events)
         if scanner.done:
             self._calls.dispatch(events)
-        elif broken:
-            self._calls.open = False
+        elif status is Scan.STOP:
+            self._calls.open = False  # the call closed before its arguments did: never dispatched
         else:
             return False
-        if self._f.call_end or self._object_call:
-            self._s, self._scanner = _S.TAIL, JsonScanner(depth=1)
+        if self._object_call:  # skip to the end of the object that held the arguments
+            stops = (self._section_end,) if self._section_end else ()
+            self._s, self._scanner = _S.TAIL, JsonScanner(depth=1, stops=stops, record=False)
         else:
-            self._s = _S.SECTION
+            self._s = _S.TAIL if self._f.call_end else _S.SECTION
         return True
 
     def _param_body(self, events: list[Event], final: bool) -> bool:
@@ -282,20 +293,15 @@ class MarkedToolParser:
         return closed
 
     def _tail(self, events: list[Event], final: bool) -> bool:
-        buf, end = self._buf, self._section_end
-        if self._object_call:  # skip to the end of the object that held the arguments
-            scanner, i = self._scanner, 0
-            while i < len(buf) and not scanner.done:
-                if not scanner.in_string and end and buf.startswith(end, i):
-                    break
-                scanner.push(buf[i])
-                i += 1
-            self._buf = buf[i:]
-            if scanner.done or i < len(buf):
-                self._s = _S.SECTION
-                return True
-            return False
-        stops = self._stops()
+        buf = self._buf
+        if self._object_call:
+            end, status = self._scanner.scan(buf, final=final)
+            self._buf = buf[end:]
+            if status is Scan.MORE:
+                return False
+            self._s = _S.SECTION
+            return True
+        stops = tuple(m for m in (self._f.call_end, self._section_end) if m)
         at, marker = find_first(buf, stops)
         if at >= 0:
             self._buf = buf[at + (len(marker) if marker == self._f.call_end else 0):]
@@ -308,3 +314,10 @@ class MarkedToolParser:
         for marker in self._f.markers:
             text = text.replace(marker, "")
         return text
+
+
+_STEPS = {
+    _S.TEXT: MarkedToolParser._text, _S.SECTION: MarkedToolParser._section, _S.OBJECT: MarkedToolParser._object,
+    _S.HEADER: MarkedToolParser._header, _S.ARGS: MarkedToolParser._args, _S.PARAMS: MarkedToolParser._param_body,
+    _S.TAIL: MarkedToolParser._tail, _S.LOOSE: MarkedToolParser._loose,
+}

@@ -2,7 +2,8 @@
 
 String values (by the tool's schema, or ``string="true"``) stream as JSON string deltas while they
 arrive; other values are parsed as JSON at their end marker (falling back to a string). The deltas
-concatenate to ``json.dumps(arguments, ensure_ascii=False)``.
+concatenate to ``json.dumps(arguments, ensure_ascii=False)``. A key or a non-string value that is
+long in coming is held as pieces (linear in its length), never re-searched on each feed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 
-from services.parse.parsers.base import partial_marker_len
+from services.parse.parsers.base import HeldText, partial_marker_len
 from services.parse.parsers.events import Event
 from services.parse.parsers.tool_core import CallEmitter, ParserContext
 from services.parse.parsers.tool_formats import ParamsFormat
@@ -37,7 +38,8 @@ class ParamsBody:
         self._state = _P.BETWEEN
         self._count = 0
         self._string = True
-        self._value = ""
+        self._key_text = HeldText()
+        self._value: list[str] = []
         self._fresh = True              # no value character seen yet (the leading trim is still possible)
 
     def feed(self, buf: str, end: str, events: list[Event], calls: CallEmitter, *, final: bool) -> tuple[str, bool]:
@@ -50,7 +52,7 @@ class ParamsBody:
                     calls.args("}" if self._count else "{}", events)
                     return buf[len(end):], True
                 if buf.startswith(f.open):
-                    buf, self._state = buf[len(f.open):], _P.KEY
+                    buf, self._state, self._key_text = buf[len(f.open):], _P.KEY, HeldText((f.key_end,))
                     continue
                 if not buf or (not final and (end.startswith(buf) or f.open.startswith(buf))):
                     return ("" if final else buf), False
@@ -60,16 +62,17 @@ class ParamsBody:
                 buf = buf[at:]  # stray text between parameters is not an argument
                 continue
             if self._state is _P.KEY:
-                at = buf.find(f.key_end)
+                at, _ = self._key_text.add(buf)
                 if at < 0:
-                    return ("" if final else buf), False
-                self._key(buf[:at], events, calls)
-                buf = buf[at + len(f.key_end):]
+                    return "", False
+                held = self._key_text.text()
+                self._key(held[:at], events, calls)
+                buf = held[at + len(f.key_end):]
                 continue
             if self._state is _P.VALUE_START:
                 stripped = buf.lstrip()
                 if not final and f.value_start.startswith(stripped):
-                    return buf, False
+                    return stripped, False  # the whitespace before the value's opener is dropped anyway
                 buf, self._state = stripped.removeprefix(f.value_start), _P.VALUE
                 continue
             buf, closed = self._value_piece(buf, events, calls, final=final)
@@ -86,7 +89,7 @@ class ParamsBody:
             self._string = self._ctx.param_type(self._tool, key) in ("string", "")
         head = ("{" if not self._count else ", ") + _dumps(key) + ": " + ('"' if self._string else "")
         calls.args(head, events)
-        self._value, self._fresh = "", True
+        self._value, self._fresh = [], True
         self._state = _P.VALUE_START if self._f.value_start else _P.VALUE
 
     def _value_piece(self, buf: str, events: list[Event], calls: CallEmitter, *, final: bool) -> tuple[str, bool]:
@@ -110,14 +113,14 @@ class ParamsBody:
         if self._string:
             if piece:
                 calls.args(_dumps(piece)[1:-1], events)
-        else:
-            self._value += piece
+        elif piece:
+            self._value.append(piece)
         if not closed:
             return rest, False
         if self._string:
             calls.args('"', events)
         else:
-            calls.args(_dumps(_json_or_text(self._value.strip())), events)
+            calls.args(_dumps(_json_or_text("".join(self._value).strip())), events)
         self._count += 1
         self._state = _P.BETWEEN
         return rest, True
@@ -126,5 +129,5 @@ class ParamsBody:
 def _json_or_text(text: str) -> object:
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return text
