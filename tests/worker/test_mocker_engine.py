@@ -58,6 +58,22 @@ async def test_a_continued_scripted_request_resumes_its_script(make_engine: Make
     assert tokens(fresh) == whole  # not a continuation: the whole script
 
 
+async def test_a_continued_filler_request_goes_on_with_a_clean_runs_text(make_engine: Make) -> None:
+    """A migrated request without a script line: the text after the migration is what a clean run writes next
+    (the filler is seeded from the original prompt and advanced past the tokens already generated)."""
+    engine = await make_engine()
+    whole = tokens(await collect(engine, EngineRequest("w", prompt(), max_tokens=40, ignore_eos=True,
+                                                       match_text="no script line")))
+    done = 13
+    rest = await collect(engine, EngineRequest("c", prompt() + whole[:done], max_tokens=40 - done, ignore_eos=True,
+                                               match_text="no script line", continued_tokens=done))
+    assert whole[:done] + tokens(rest) == whole
+    forged = [*whole[:done - 1], whole[done - 1] + 1]  # not what this worker would have written: a fresh seed
+    other = await collect(engine, EngineRequest("o", prompt() + forged, max_tokens=5, ignore_eos=True,
+                                                match_text="no script line", continued_tokens=done))
+    assert len(tokens(other)) == 5
+
+
 async def test_max_tokens_and_default(make_engine: Make) -> None:
     engine = await make_engine(max_tokens_default=7)
     outs = await collect(engine, EngineRequest("r1", prompt(), max_tokens=5, match_text="weather"))
