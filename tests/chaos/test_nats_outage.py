@@ -26,11 +26,14 @@ async def test_an_8_s_nats_outage_fails_no_request(tmp_path: Path) -> None:
         (nats,) = child_pids(mesh.process.pid, "nats-server")
         async with httpx.AsyncClient(timeout=30) as http:
 
-            async def chat(i: int) -> int:
-                body = {"model": "demo", "max_tokens": 8, "messages": [{"role": "user", "content": f"hello {i}"}]}
-                return (await http.post(mesh.http + "/v1/chat/completions", json=body)).status_code
+            async def chat(i: int) -> tuple[int, str]:
+                body = {"model": "demo", "max_tokens": 8, "ignore_eos": True,
+                        "messages": [{"role": "user", "content": f"hello {i}"}]}
+                response = await http.post(mesh.http + "/v1/chat/completions", json=body)
+                ok = response.status_code == 200
+                return response.status_code, response.json()["choices"][0]["message"]["content"] if ok else ""
 
-            statuses: list[int] = []
+            statuses: list[tuple[int, str]] = []
             os.kill(nats, signal.SIGSTOP)
             try:
                 outage_ends = time.monotonic() + 8
@@ -41,7 +44,9 @@ async def test_an_8_s_nats_outage_fails_no_request(tmp_path: Path) -> None:
             finally:
                 os.kill(nats, signal.SIGCONT)
             assert ready.status_code == 200 and ready.json()["workers"] == 2  # both still routable
-            for i in range(10):  # and after it
-                statuses.append(await chat(1000 + i))
-        assert len(statuses) > 20 and statuses == [200] * len(statuses), statuses
+            for _ in range(10):  # and after it
+                statuses.append(await chat(len(statuses)))
+            clean = [await chat(i) for i in range(len(statuses))]
+        assert len(statuses) > 20 and [s for s, _ in statuses] == [200] * len(statuses), statuses
+        assert statuses == clean  # each answer exactly a clean run's
     assert '"router.worker_kept"' in (tmp_path / "mesh.log").read_text()

@@ -1,5 +1,6 @@
 """A router killed and restarted under load loses no request: the supervisor starts it again and the
-parse service retries a router stream that fails before its first token (``--router-retry``)."""
+parse service retries a router stream that fails before its first token (``--router-retry``) and resumes
+one that fails after it; every answer is exactly a clean run's."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 MAX_TOKENS = 24
 
 
-async def chat(http: httpx.AsyncClient, url: str, i: int) -> tuple[int, int]:
-    """(status, completion tokens): ``ignore_eos`` so every served request has exactly MAX_TOKENS."""
+async def chat(http: httpx.AsyncClient, url: str, i: int) -> tuple[int, int, str]:
+    """(status, completion tokens, text): ``ignore_eos`` so every served request has exactly MAX_TOKENS."""
     body = {"model": "demo", "max_tokens": MAX_TOKENS, "ignore_eos": True,
             "messages": [{"role": "user", "content": f"hello {i}"}]}
     response = await http.post(url + "/v1/chat/completions", json=body)
-    tokens = response.json()["usage"]["completion_tokens"] if response.status_code == 200 else -1
-    return response.status_code, tokens
+    if response.status_code != 200:
+        return response.status_code, -1, ""
+    reply = response.json()
+    return 200, reply["usage"]["completion_tokens"], reply["choices"][0]["message"]["content"]
 
 
 async def test_a_killed_router_is_restarted_and_no_request_fails(tmp_path: Path) -> None:
@@ -35,7 +38,7 @@ async def test_a_killed_router_is_restarted_and_no_request_fails(tmp_path: Path)
         (router,) = child_pids(mesh.process.pid, "services.router")
         async with httpx.AsyncClient(timeout=30) as http:
 
-            async def client(n: int) -> list[tuple[int, int]]:
+            async def client(n: int) -> list[tuple[int, int, str]]:
                 return [await chat(http, mesh.http, n * 1000 + i) for i in range(40)]
 
             async def kill_soon() -> None:
@@ -47,8 +50,10 @@ async def test_a_killed_router_is_restarted_and_no_request_fails(tmp_path: Path)
             results = await asyncio.gather(*(client(n) for n in range(3)))
             await killer
             elapsed = time.monotonic() - started
+            clean = [await chat(http, mesh.http, n * 1000 + i) for n in range(3) for i in range(40)]
         served = [s for r in results for s in r]
-        assert served == [(200, MAX_TOKENS)] * len(served), served  # none failed, none lost or doubled a token
+        assert [s[:2] for s in served] == [(200, MAX_TOKENS)] * len(served), served  # none failed, lost or doubled
+        assert served == clean  # each text exactly a clean run's
         restarted = child_pids(mesh.process.pid, "services.router")
         assert restarted and restarted != [router] and mesh.process.poll() is None
         assert elapsed > 1.0  # the outage happened while the clients were sending
