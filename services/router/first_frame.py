@@ -12,15 +12,10 @@ request could go to. ``--first-frame-timeout`` replaces the estimate with a fixe
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 SLACK = 1.0    # seconds of silence allowed beyond the estimate
 FACTOR = 2.0   # the estimate: twice what the slowest recent first frame took for as much work
-
-
-@dataclass
-class _History:
-    samples: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))  # (blocks, seconds)
+HISTORY = 64   # first frames remembered per worker
 
 
 class FirstFrameDeadlines:
@@ -28,22 +23,19 @@ class FirstFrameDeadlines:
 
     def __init__(self, fixed: float = 0.0) -> None:
         self.fixed = fixed
-        self._workers: dict[str, _History] = {}
+        self._workers: dict[str, deque[tuple[int, float]]] = {}  # worker -> (blocks, seconds), newest last
 
     def observe(self, worker_id: str, blocks: int, seconds: float) -> None:
         """A first frame came ``seconds`` after the attempt began, behind ``blocks`` prefill blocks."""
-        self._workers.setdefault(worker_id, _History()).samples.append((max(blocks, 1), seconds))
+        self._workers.setdefault(worker_id, deque(maxlen=HISTORY)).append((max(blocks, 1), seconds))
 
     def timeout(self, worker_id: str, blocks: int) -> float | None:
         """Seconds to wait for the first frame of an attempt behind ``blocks`` prefill blocks; None: no limit."""
         if self.fixed > 0:
             return self.fixed
         history = self._workers.get(worker_id)
-        if history is None or not history.samples:
+        if not history:
             return None
-        slowest = max(seconds for _, seconds in history.samples)
-        per_block = max(seconds / count for count, seconds in history.samples)
+        slowest = max(seconds for _, seconds in history)
+        per_block = max(seconds / count for count, seconds in history)
         return FACTOR * max(slowest, per_block * max(blocks, 1)) + SLACK
-
-    def forget(self, worker_id: str) -> None:
-        self._workers.pop(worker_id, None)

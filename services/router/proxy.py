@@ -222,26 +222,20 @@ class Proxy:
     async def _read(self, attempt: _Attempt, first_frame: float | None = None) -> Frame | None:
         """The worker's next frame (None: end of stream); a stall, a first frame overdue (``first_frame``
         seconds) or the worker leaving is a :class:`WorkerFailure`."""
-        if first_frame is not None and first_frame < self.limits.stall_timeout:
-            try:
-                async with asyncio.timeout(first_frame):
-                    return await attempt.stream.read()
-            except TimeoutError:
-                log.warning("router.first_frame_overdue", worker_id=attempt.worker_id, timeout=round(first_frame, 3))
-                raise WorkerFailure(f"no first frame within {first_frame:.2f}s") from None
-            except (asyncio.CancelledError, WorkerFailure, RequestRejected):
-                if attempt.abandoned:
-                    raise WorkerFailure("the worker left the mesh") from None
-                raise
+        overdue = first_frame is not None and first_frame < self.limits.stall_timeout
+        limit = first_frame if first_frame is not None and overdue else self.limits.stall_timeout
         try:
             # asyncio.timeout, not wait_for: no Task per frame on the hot path.
-            async with asyncio.timeout(self.limits.stall_timeout):
+            async with asyncio.timeout(limit):
                 return await attempt.stream.read()
         except TimeoutError:
+            if overdue:  # slow, not gone: it stays in the registry
+                log.warning("router.first_frame_overdue", worker_id=attempt.worker_id, timeout=round(limit, 3))
+                raise WorkerFailure(f"no first frame within {limit:.2f}s") from None
             gone = self.router.forget(attempt.worker_id)
             log.warning("router.worker_stalled", worker_id=attempt.worker_id, forgotten=gone is not None,
-                        timeout=self.limits.stall_timeout)
-            raise WorkerFailure(f"no frame for {self.limits.stall_timeout}s") from None
+                        timeout=limit)
+            raise WorkerFailure(f"no frame for {limit}s") from None
         except (asyncio.CancelledError, WorkerFailure, RequestRejected):
             if attempt.abandoned:  # cancelled by worker_gone: whatever the transport said, the worker left
                 raise WorkerFailure("the worker left the mesh") from None
