@@ -40,7 +40,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from tokenizers import Tokenizer
 
@@ -50,6 +50,7 @@ Build = Literal["incremental", "full"]
 # full: "anonymous" (no key), "new_key" (first turn of the key, or it was evicted), "rewritten" (the text
 # diverges before the first boundary: a changed system prompt, a billing line), "disabled" (no boundary tokens).
 Reason = Literal["extends", "rewritten", "anonymous", "new_key", "disabled"]
+Text = TypeVar("Text", str, "array[int]")  # what common_prefix compares: rendered text, or token ids
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class PromptCache:
             return Encoded(render.ids, "full", "new_key", 0)
         best, best_at = -1, -1
         for i, line in enumerate(lines):
-            at = _last_boundary(line, _common_prefix(line.text, text))
+            at = _last_boundary(line, common_prefix(line.text, text))
             if at > best_at:
                 best, best_at = i, at
         if best_at < 0 or lines[best].index[best_at] == 0:  # nothing before the divergence to reuse
@@ -208,8 +209,8 @@ def _last_boundary(render: _Render, shared: int) -> int:
     return bisect.bisect_right(render.ends, shared) - 1
 
 
-def _common_prefix(a: str, b: str, chunk: int = 4096) -> int:
-    """Length of the common prefix of ``a`` and ``b`` (chunks compared in C, then bisection)."""
+def common_prefix(a: Text, b: Text, chunk: int = 4096) -> int:
+    """Length of the common prefix of two strings or two id arrays (chunks compared in C, then bisection)."""
     n = min(len(a), len(b))
     i = 0
     while i + chunk <= n and a[i:i + chunk] == b[i:i + chunk]:

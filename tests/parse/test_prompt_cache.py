@@ -32,7 +32,7 @@ from services.parse.conversation import (
     to_template_input,
 )
 from services.parse.model_format import ModelFormat
-from services.parse.prompt_cache import PromptCache, _common_prefix, boundary_tokens
+from services.parse.prompt_cache import PromptCache, boundary_tokens, common_prefix
 from services.parse.renderer import ChatTemplateRenderer
 from tests.parse.support import FIXED_NOW, SHARED_TEMPLATES
 
@@ -326,7 +326,7 @@ def test_cache_is_bounded_by_tokens() -> None:
 @given(a=texts, b=texts, c=texts)
 def test_common_prefix(a: str, b: str, c: str) -> None:
     x, y = a + b, a + c
-    n = _common_prefix(x, y, chunk=4)
+    n = common_prefix(x, y, chunk=4)
     assert x[:n] == y[:n] and (n == min(len(x), len(y)) or x[n] != y[n])
 
 
