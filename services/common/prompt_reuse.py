@@ -164,6 +164,26 @@ class Generator(Protocol):
     def Generate(self, request: worker_pb2.GenerateRequest, *, timeout: float | None = None) -> GenerateCall: ...
 
 
+class WrappedCall:
+    """A Generate stream read through another one (``_call``, which may change before the first frame):
+    iteration, ``cancel`` and ``done`` as a ``MuxCall``'s; a subclass gives ``read``."""
+
+    _call: GenerateCall
+
+    async def read(self) -> worker_pb2.GenerateResponse | Any:
+        raise NotImplementedError
+
+    async def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        while (message := await self.read()) is not grpc.aio.EOF:
+            yield message
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+    def done(self) -> bool:
+        return self._call.done()
+
+
 class ReusingStub:
     """``Generate`` on one receiver with prompt reuse, and retries before the first frame when
     ``retry_unavailable`` > 0 (see module docstring)."""
@@ -182,7 +202,7 @@ class ReusingStub:
         return ReusingCall(self, request, whole, key, timeout)
 
 
-class ReusingCall:
+class ReusingCall(WrappedCall):
     """A Generate call whose request may be a prompt tail: if the receiver does not hold the prefix, the
     whole prompt is sent again (before the first frame, so the caller sees one stream)."""
 
@@ -193,7 +213,7 @@ class ReusingCall:
         self._whole = whole
         self._key = key
         self._timeout = timeout
-        self._call: GenerateCall = stub.stub.Generate(request, timeout=timeout)
+        self._call = stub.stub.Generate(request, timeout=timeout)
         self._first = True
         self._retry_until = asyncio.get_running_loop().time() + stub.retry_unavailable
 
@@ -228,16 +248,6 @@ class ReusingCall:
             self._request.token_ids_u32 = self._whole
             self._whole = None
         self._call = self._stub.stub.Generate(self._request, timeout=self._timeout)
-
-    async def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        while (message := await self.read()) is not grpc.aio.EOF:
-            yield message
-
-    def cancel(self) -> bool:
-        return self._call.cancel()
-
-    def done(self) -> bool:
-        return self._call.done()
 
 
 def watch(registry: CollectorRegistry, store: PromptStore) -> None:

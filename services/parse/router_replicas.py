@@ -13,13 +13,14 @@ replicas in the same order and answers with the first that responds.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
 from services.api import router_pb2, router_pb2_grpc, worker_pb2
 from services.common.mux import GenerateStub, MuxCall
+from services.common.prompt_reuse import WrappedCall
 
 DOWN_FOR = 2.0
 
@@ -52,7 +53,7 @@ class RouterReplicas:
         return ReplicaCall(self, index, self.stubs[index].Generate(request, timeout=timeout))
 
 
-class ReplicaCall:
+class ReplicaCall(WrappedCall):
     """One stream on one replica, read like a ``MuxCall``; an ``UNAVAILABLE`` marks its replica down."""
 
     def __init__(self, replicas: RouterReplicas, index: int, call: MuxCall[worker_pb2.GenerateResponse]) -> None:
@@ -68,15 +69,6 @@ class ReplicaCall:
                 self._replicas.mark_down(self._index)
             raise
 
-    async def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        while (message := await self.read()) is not grpc.aio.EOF:
-            yield message
-
-    def cancel(self) -> bool:
-        return self._call.cancel()
-
-    def done(self) -> bool:
-        return self._call.done()
 
 
 class RouterInfo:
