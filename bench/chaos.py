@@ -89,18 +89,23 @@ def failed(results: list[dict[str, Any]]) -> int:
     return sum(1 for r in results if r["status"] != 200)
 
 
+async def killed_under_load(mesh: RunningMesh, pid: int, clients_n: int, requests: int) -> list[dict[str, Any]]:
+    """``clients_n`` streaming clients sharing ``requests`` turns; ``pid`` SIGKILLed 1 s in."""
+
+    async def kill() -> None:
+        await asyncio.sleep(1.0)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = asyncio.create_task(kill())
+    results = await clients(mesh, clients_n, requests // clients_n)
+    await killer
+    return results
+
+
 async def scenario_kill(tmp: Path, requests: int) -> dict[str, Any]:
     args = ["--workers", "2", "--speedup", "10", "--heartbeat-interval", "0.2", "--served-model-name", "demo"]
     with running_mesh(args, tmp / "kill.log") as mesh:
-        victim = child_pids(mesh.process.pid, "services.worker")[0]
-
-        async def kill() -> None:
-            await asyncio.sleep(1.0)
-            os.kill(victim, signal.SIGKILL)
-
-        killer = asyncio.create_task(kill())
-        results = await clients(mesh, 4, requests // 4)
-        await killer
+        results = await killed_under_load(mesh, child_pids(mesh.process.pid, "services.worker")[0], 4, requests)
     return {"failed": failed(results), "requests": len(results),
             "worst_gap_ms": round(1000 * max(r.get("gap", 0.0) for r in results), 1)}
 
@@ -108,15 +113,7 @@ async def scenario_kill(tmp: Path, requests: int) -> dict[str, Any]:
 async def scenario_router(tmp: Path, requests: int) -> dict[str, Any]:
     args = ["--workers", "1", "--speedup", "20", "--heartbeat-interval", "0.2", "--served-model-name", "demo"]
     with running_mesh(args, tmp / "router.log") as mesh:
-        router = child_pids(mesh.process.pid, "services.router")[0]
-
-        async def kill() -> None:
-            await asyncio.sleep(1.0)
-            os.kill(router, signal.SIGKILL)
-
-        killer = asyncio.create_task(kill())
-        results = await clients(mesh, 3, requests // 3)
-        await killer
+        results = await killed_under_load(mesh, child_pids(mesh.process.pid, "services.router")[0], 3, requests)
     return {"failed": failed(results), "requests": len(results)}
 
 

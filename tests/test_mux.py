@@ -259,32 +259,24 @@ async def test_heartbeats_keep_a_slow_stream_alive_past_the_liveness_window() ->
         await server.stop(0)
 
 
-async def test_stopping_with_grace_finishes_open_streams_and_refuses_new_ones_unavailable() -> None:
+async def test_stopping_with_grace_finishes_open_streams_and_refuses_new_ones_unavailable(peer: Any) -> None:
     """A draining server (``GrpcServer.stop(grace)``: a worker told to stop) lets its open streams run to
     their end, answers a stream opened meanwhile UNAVAILABLE before any frame (the router then goes
     elsewhere), and stops as soon as nothing is open rather than after the whole grace."""
-    handlers = Handlers()
-    server = GrpcServer(None, "127.0.0.1", 0)
-    server.add_mux({GENERATE: mux.MuxMethod(handlers.generate, worker_pb2.GenerateRequest)})
-    await server.start()
-    channel = open_mux_channel(server.address)
-    stub = mux.GenerateStub(channel, "Worker")
-    try:
-        open_call = stub.Generate(request("hang-1", 4))
-        assert list((await open_call.read()).token_ids) == [0]
-        await handlers.started.wait()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        stopping = asyncio.create_task(server.stop(20.0))
-        await asyncio.sleep(0.05)
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await collect(stub.Generate(request("late", 2)))
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert not stopping.done()  # the open stream holds the stop
-        handlers.release.set()
-        assert await collect(open_call) == [1, 2, 3]  # the rest of it, to the end
-        await asyncio.wait_for(stopping, 10)
-        assert loop.time() - started < 10  # done when the stream was, not after the grace
-        assert handlers.cancelled == []
-    finally:
-        await channel.close()
+    handlers, server, stub = peer
+    open_call = stub.Generate(request("hang-1", 4))
+    assert list((await open_call.read()).token_ids) == [0]
+    await handlers.started.wait()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    stopping = asyncio.create_task(server.stop(20.0))
+    await asyncio.sleep(0.05)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(stub.Generate(request("late", 2)))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert not stopping.done()  # the open stream holds the stop
+    handlers.release.set()
+    assert await collect(open_call) == [1, 2, 3]  # the rest of it, to the end
+    await asyncio.wait_for(stopping, 10)
+    assert loop.time() - started < 10  # done when the stream was, not after the grace
+    assert handlers.cancelled == []
