@@ -63,10 +63,11 @@ class GrpcServer:
         """Health NOT_SERVING, then up to ``grace`` s for open streams to end (mux sessions refuse new streams
         meanwhile), then stop: what is still open is cancelled."""
         await self.health.enter_graceful_shutdown()
-        started = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         for mux in self._muxes:
-            await mux.drain(max(0.0, grace - (asyncio.get_running_loop().time() - started)))
-        await self.server.stop(max(0.0, grace - (asyncio.get_running_loop().time() - started)))
+            await mux.drain(max(0.0, deadline - loop.time()))
+        await self.server.stop(max(0.0, deadline - loop.time()))
 
 
 def open_mux_channel(target: str, tls: TlsFiles = PLAINTEXT) -> MuxChannel:
