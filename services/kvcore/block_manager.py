@@ -25,13 +25,14 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import islice, repeat
 from operator import attrgetter
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 
 _REF_COUNT = attrgetter("ref_count")
+_BLOCK_ID = attrgetter("block_id")
 
 
 @dataclass(slots=True)
@@ -331,6 +332,26 @@ class BlockManager:
         removed.append(victim)
         return self._full.pop(victim).block_id
 
+    def _take_block_ids(self, count: int, removed: list[int]) -> list[int]:
+        """:meth:`_take_block_id` ``count`` times, in bulk: the free list first (last freed first), then the
+        least recently used inactive blocks, evicted in LRU order."""
+        free_ids = self._free_ids
+        spare = min(count, len(free_ids))
+        ids = free_ids[len(free_ids) - spare:][::-1]
+        del free_ids[len(free_ids) - spare:]
+        evict = count - spare
+        if evict:
+            inactive = self._inactive
+            victims = list(islice(inactive, evict))
+            if len(victims) < evict:
+                raise KeyError("no free or inactive block left")  # callers check available_blocks first
+            deque(map(inactive.pop, victims), maxlen=0)
+            if self._watch and not self._watch.isdisjoint(victims):
+                self._probe = None
+            removed.extend(victims)
+            ids.extend(map(_BLOCK_ID, map(self._full.pop, victims)))
+        return ids
+
     def _fill(self, seq: KvSequence, token_ids: Sequence[int], removed: list[int],
               runs: list[tuple[int | None, list[StoredBlock]]]) -> None:
         """``seq`` grows by ``token_ids``: block by block, take a block and seal it once it is full (hash it and
@@ -359,11 +380,9 @@ class BlockManager:
         full = self._full
         if any(map(full.__contains__, new)) or len(set(new)) != len(new):
             return False
-        free_ids = self._free_ids
         old = seq.partial
         fresh = len(new) - (0 if old is None else 1)  # blocks taken to be sealed; one more for a new partial block
-        ids = [free_ids.pop() if free_ids else self._take_block_id(removed)
-               for _ in range(fresh + (1 if end % bs else 0))]
+        ids = self._take_block_ids(fresh + (1 if end % bs else 0), removed)
         sealed_ids = ids[:fresh] if old is None else [old.block_id, *ids[:fresh]]
         sealing = list(map(_Block, sealed_ids, new, repeat(1)))
         if old is not None:  # the partial block itself is sealed: the same object, as block by block

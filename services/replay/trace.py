@@ -72,7 +72,7 @@ class _Kept:
 
 
 class PromptTokens(Sequence[int]):
-    """A synthesised prompt held as its pieces (shared trace-block tuples, then a tail), never as one list.
+    """A synthesised prompt held as its pieces (trace-block ranges, then a tail), never as one list.
 
     Item for item equal to :meth:`TraceRequest.tokens`; slices are lists. Every piece but the last holds
     ``piece`` tokens. The simulator's engine cores keep it as the start of each request's token stream
@@ -131,9 +131,9 @@ class PromptTokens(Sequence[int]):
 class TracePrompts:
     """Each request's :meth:`TraceRequest.tokens` and their block hashes, built from per-hash-id pieces.
 
-    Requests of one session repeat most of each other's hash ids, so a full trace block's tokens (one tuple
-    whose ints every prompt holding it shares) and its sub-blocks' chained hashes, keyed by (parent block's
-    hash, hash id), are made once and reused (least recently used dropped past ``max_blocks``). The whole
+    Requests of one session repeat most of each other's hash ids. A full trace block's tokens are a ``range``
+    (consecutive ids: nothing to build or keep); its sub-blocks' chained hashes, keyed by (parent block's
+    hash, hash id), are made once and reused (least recently used dropped past ``16 * max_blocks``). The whole
     trace blocks of the last ``max_prompts`` prompts are kept as well (keyed by their last hash id, checked
     against all their ids): a session's next turn starts from its previous prompt's pieces and hashes. Results
     equal ``tokens()`` and ``sequence_hashes(tokens, block_size)``; a ``block_size`` that does not divide the
@@ -146,7 +146,6 @@ class TracePrompts:
         self.trace_block = trace_block
         self.max_blocks = max_blocks
         self.max_prompts = max_prompts
-        self._tokens: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._hashes: OrderedDict[tuple[int | None, int], tuple[int, ...]] = OrderedDict()
         self._prompts: OrderedDict[int, _Kept] = OrderedDict()
 
@@ -205,15 +204,8 @@ class TracePrompts:
         pieces.append(block)
         hashes.extend(sub)
 
-    def _block(self, h: int) -> tuple[int, ...]:
-        block = self._tokens.get(h)
-        if block is None:
-            block = self._tokens[h] = tuple(_block_range(h, self.trace_block, self.trace_block))
-            if len(self._tokens) > self.max_blocks:
-                self._tokens.popitem(last=False)
-        else:
-            self._tokens.move_to_end(h)
-        return block
+    def _block(self, h: int) -> range:
+        return _block_range(h, self.trace_block, self.trace_block)  # a range: no ints are made
 
 
 def load_trace(path: str | Path, limit: int = 0) -> list[TraceRequest]:

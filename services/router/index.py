@@ -1,8 +1,9 @@
 """The KV index: which worker holds which prefix block, built from the workers' KV events.
 
 Keys are chained block hashes (see ``services.common.block_hash``): a block's hash names its whole
-prefix, so matching a request walks its block hashes in order and stops at the first block no
-candidate holds — O(matched blocks), independent of how many blocks the index holds.
+prefix, so each worker is one set of hashes, and matching a request walks its block hashes in order per
+candidate, stopping at the first block that candidate lacks — O(matched blocks) per candidate, at C
+speed, independent of how many blocks the index holds. Events are set updates in bulk.
 
 Event ids are consecutive per worker. A worker's state is *synced* while every id has been applied in
 order. An id that skips ahead (a lost NATS message) makes :meth:`KvIndex.apply` return True: the
@@ -14,11 +15,9 @@ event seen has id 1 needs no repair; one first seen mid-stream does.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from typing import cast
+from itertools import takewhile
 
 
 @dataclass(frozen=True)
@@ -56,10 +55,9 @@ class _WorkerState:
 
 
 class KvIndex:
-    """Block hash -> workers holding it, plus each worker's own block set and event position."""
+    """Each worker's block set (block hashes) and event position."""
 
     def __init__(self) -> None:
-        self._holders: dict[int, set[str]] = {}
         self._workers: dict[str, _WorkerState] = {}
         self.gaps_seen = 0
         self.events_applied = 0
@@ -94,11 +92,7 @@ class KvIndex:
     def apply_dump(self, worker_id: str, last_event_id: int, block_hashes: Iterable[int]) -> bool:
         """Replace the worker's block set with a dump taken at ``last_event_id``; True if a gap remains."""
         state = self._workers.setdefault(worker_id, _WorkerState())
-        for block in state.blocks:
-            self._unhold(worker_id, block)
         state.blocks = set(block_hashes)
-        for block in state.blocks:
-            self._holders.setdefault(block, set()).add(worker_id)
         state.last_event_id = last_event_id
         state.synced = True
         return self._drain(worker_id, state)
@@ -108,7 +102,6 @@ class KvIndex:
         return self._apply_in_order(worker_id, state, pending)
 
     def _apply_in_order(self, worker_id: str, state: _WorkerState, events: list[KvEvent]) -> bool:
-        holders = self._holders
         for i, event in enumerate(events):
             if event.event_id <= state.last_event_id:
                 continue  # duplicate, or already covered by a dump
@@ -120,72 +113,26 @@ class KvIndex:
             state.last_event_id = event.event_id
             self.events_applied += 1
             if isinstance(event, StoredEvent):
-                hashes = event.block_hashes
-                state.blocks.update(hashes)
-                if not any(map(holders.__contains__, hashes)):  # the usual case: new to the whole index
-                    holders.update(zip(hashes, map(set, repeat((worker_id,))), strict=False))  # one set each, in C
-                    continue
-                for block in hashes:
-                    held = holders.get(block)
-                    if held is None:
-                        holders[block] = {worker_id}
-                    else:
-                        held.add(worker_id)
+                state.blocks.update(event.block_hashes)
             elif isinstance(event, RemovedEvent):
-                blocks = state.blocks
-                present = list(filter(blocks.__contains__, event.block_hashes))
-                blocks.difference_update(present)
-                sets = list(map(holders.get, present))
-                if None not in sets and list(map(len, cast(list[set[str]], sets))).count(1) == len(sets):
-                    # every one held by this worker alone: drop them all (C-speed)
-                    deque(map(holders.__delitem__, present), maxlen=0)
-                    continue
-                for block, held in zip(present, sets, strict=True):
-                    if held is not None:
-                        held.discard(worker_id)
-                        if not held:
-                            del holders[block]
+                state.blocks.difference_update(event.block_hashes)
             else:
-                for block in state.blocks:
-                    self._unhold(worker_id, block)
                 state.blocks = set()
         return False
 
-    def _unhold(self, worker_id: str, block: int) -> None:
-        holders = self._holders.get(block)
-        if holders is not None:
-            holders.discard(worker_id)
-            if not holders:
-                del self._holders[block]
-
     def remove_worker(self, worker_id: str) -> None:
-        state = self._workers.pop(worker_id, None)
-        if state is not None:
-            for block in state.blocks:
-                self._unhold(worker_id, block)
+        self._workers.pop(worker_id, None)
 
     # -- queries --------------------------------------------------------------------------------
 
     def overlaps(self, block_hashes: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
-        """Leading blocks of ``block_hashes`` each candidate holds (0 for none)."""
-        result = dict.fromkeys(candidates, 0)
-        active = set(result)
-        holders_of = self._holders
-        depth = 0
-        for block in block_hashes:
-            holders = holders_of.get(block)
-            if not holders:
-                break
-            if not active <= holders:
-                narrowed = active & holders
-                for worker in active - narrowed:
-                    result[worker] = depth
-                active = narrowed
-                if not active:
-                    break
-            depth += 1
-        for worker in active:
-            result[worker] = depth
+        """Leading blocks of ``block_hashes`` each candidate holds (0 for none): per candidate, a scan of its
+        own block set that stops at the first block it lacks (C-speed, ``takewhile`` over ``__contains__``)."""
+        workers = self._workers
+        result: dict[str, int] = {}
+        for worker in candidates:
+            state = workers.get(worker)
+            result[worker] = 0 if state is None else len(list(takewhile(state.blocks.__contains__, block_hashes)))
         return result
 
     def block_count(self, worker_id: str) -> int:
