@@ -22,7 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice, repeat
@@ -91,7 +91,9 @@ class BlockManager:
         self.block_size = block_size
         self._free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self._full: dict[int, _Block] = {}
-        self._inactive: OrderedDict[int, None] = OrderedDict()  # first = least recently used
+        # The LRU list: a plain dict (insertion order; cheaper per block than an OrderedDict, and a block's
+        # whole prefix moves in and out of it at once); first = least recently used, a move = pop + insert.
+        self._inactive: dict[int, None] = {}
         self._next_event_id = 1
         self._lru_epoch = 0                 # bumped whenever a block enters the LRU list or moves in it
         self._probe: _Probe | None = None   # the last probe_prefix (see there)
@@ -223,7 +225,9 @@ class BlockManager:
                 and last.epoch == self._lru_epoch:
             return  # its inactive blocks are still the most recently used ones, in that order
         inactive = self._inactive
-        deque(map(inactive.move_to_end, filter(inactive.__contains__, reversed(seq.known[:matched]))), maxlen=0)
+        moved = list(filter(inactive.__contains__, reversed(seq.known[:matched])))
+        deque(map(inactive.pop, moved), maxlen=0)  # each to the end, in this order
+        inactive.update(dict.fromkeys(moved))
         self._lru_epoch += 1
         if last is not None and last.seq is seq and last.matched == matched:
             last.epoch, last.touched = self._lru_epoch, True
@@ -281,8 +285,7 @@ class BlockManager:
         blocks = list(map(full.__getitem__, order))
         if list(map(_REF_COUNT, blocks)).count(1) == len(blocks):  # the usual case: it was the only holder
             deque(map(setattr, blocks, repeat("ref_count"), repeat(0)), maxlen=0)
-            for h in order:  # a sequence's hashes are distinct, none is in the list (a loop beats update() here)
-                inactive[h] = None
+            inactive.update(dict.fromkeys(order))  # a sequence's hashes are distinct, none is in the list
         else:
             for h, block in zip(order, blocks, strict=True):
                 block.ref_count -= 1
@@ -326,7 +329,11 @@ class BlockManager:
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
             return self._free_ids.pop()
-        victim, _ = self._inactive.popitem(last=False)
+        inactive = self._inactive
+        if not inactive:
+            raise KeyError("no free or inactive block left")  # callers check available_blocks first
+        victim = next(iter(inactive))
+        del inactive[victim]
         if victim in self._watch:
             self._probe = None
         removed.append(victim)

@@ -15,7 +15,6 @@ workers with ``--timing-model dynamo --speedup C`` and pass ``--compression C``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 from typing import TYPE_CHECKING
@@ -38,7 +37,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(ns: argparse.Namespace) -> int:
     """Replay ``ns.trace`` in every mode of ``--router``; invalid options exit with their message."""
-    from services.replay.live import replay_live
     from services.replay.simulator import ReplayConfig, replay
     from services.replay.trace import load_trace
 
@@ -47,6 +45,10 @@ def run(ns: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     trace = load_trace(ns.trace, s.limit)
+    if s.router_address or s.live:  # the simulator alone needs neither asyncio nor gRPC
+        import asyncio
+
+        from services.replay.live import replay_live
     if s.router_address:
         result = asyncio.run(replay_live(trace, s.router_address, s.speedup, s.compression))
         _print("live", result, s.json)
