@@ -3,7 +3,7 @@
 Claude Code puts ``x-anthropic-billing-header: cc_version=...; cc_entrypoint=...; cch=...;`` in
 ``system[0]``, the first line of the prompt. When the line changes between requests (``cch`` is a
 per-request hash; ``cc_version`` differs per session) every token after it is a prefix-cache miss.
-This bench replays the captured Claude Code request (``shared/harnesses/captures``), padded with a
+This bench replays the captured Claude Code request (``tests/fixtures/captures``), padded with a
 project-notes reminder to >= 30k prompt tokens, as sessions of two turns whose header differs in
 ``cch``. Each session runs with the strip on or off per request
 (``x-harnessmesh-strip-anthropic-preamble``), alternating, on the same mesh (mocker timing model), and
@@ -30,9 +30,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.fixtures import CAPTURES  # noqa: E402
 from tests.support.mesh import running_mesh  # noqa: E402
 
-CAPTURE = ROOT.parent / "shared" / "harnesses" / "captures" / "claude-code_2.1.330_tool-loop_requests.json"
+CAPTURE = CAPTURES / "claude-code_2.1.330_tool-loop_requests.json"
 STRIP_HEADER = "x-harnessmesh-strip-anthropic-preamble"
 NOTES = "Project notes: the build uses make; tests live in tests/; run them with pytest before committing. "
 

@@ -31,8 +31,9 @@ from services.replay.metrics import ReplayResult
 from services.replay.sim_worker import SimWorkerConfig
 from services.replay.simulator import ReplayConfig, replay
 from services.replay.trace import TraceRequest, load_trace
+from tests.support.fixtures import CONVERSATION_TRACE
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+DEFAULT_TRACE = CONVERSATION_TRACE  # the trace's first 1,000 requests (tests/fixtures/SOURCES.md)
 PROBE_BASE = 3_000_000  # hash ids far above the trace's: probes share nothing with it or each other
 
 

@@ -5,7 +5,9 @@
 Prints (1) prefix reuse and TTFT/TPOT for ``kv`` vs ``round-robin`` with 8 workers of 16,384 blocks of
 64 tokens (both modes run in parallel processes), and (2) KV index ingest rate (events/s, blocks/s) and
 prefix-match latency p50/p99 at 100 and 2,048 matched blocks, measured in this process.
-For scale, Dynamo's replay of the same trace and setup: reuse 0.082 (round-robin) -> 0.205 (kv),
+The default trace is the repository's slice (the first 1,000 requests, ideal reuse 0.21); pass the whole
+``conversation_trace.jsonl`` from Mooncake's ``FAST25-release/traces`` as ``--trace`` to compare with
+Dynamo's replay of the whole trace in the same setup: reuse 0.082 (round-robin) -> 0.205 (kv),
 TTFT mean 321 -> 276 ms; ideal reuse 0.366.
 """
 
@@ -25,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.common.block_hash import sequence_hashes
 from services.replay.trace import ideal_reuse, load_trace
 from services.router.index import KvIndex, StoredEvent
+from tests.support.fixtures import CONVERSATION_TRACE
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+DEFAULT_TRACE = CONVERSATION_TRACE  # the trace's first 1,000 requests (tests/fixtures/SOURCES.md)
 
 
 def replay_modes(trace: Path, limit: int) -> dict[str, dict[str, object]]:

@@ -1,4 +1,4 @@
-"""Real Claude Code CLI (2.1.330, ``shared/harnesses/claude-code.sh``) against the real mesh: a tool loop.
+"""Real Claude Code CLI (the version in ``.ci/harnesses/clients.txt``) against the real mesh: a tool loop.
 
 The mocker's script makes the model think, then call Claude Code's ``Bash`` tool with
 ``{"command": ..., "description": ...}``; Claude Code runs the command and sends a ``tool_result``;
@@ -6,26 +6,25 @@ the model answers. The second turn must be a prefix-cache hit (``cache_read_inpu
 its usage) and the parse service must report no prefix break for the session (the billing header
 is stripped by default).
 
-Runs only inside ``shared/harnesses/offline.sh`` (``HARNESS_OFFLINE=1``): ``.ci/run`` runs the
+Runs only inside ``.ci/harnesses/offline.sh`` (``HARNESS_OFFLINE=1``): ``.ci/run`` runs the
 ``harness`` tests that way after the main suite.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.harness import HARNESSES, offline_harness_marks, require_client, scripted_mesh, stdout_events
+from tests.support.harness import client_binary, offline_harness_marks, run_claude_code, scripted_mesh, stdout_events
 from tests.support.mesh import RunningMesh
 
 MODEL = "mesh-sonnet"
 MARKER = "HARNESSMESH_CC_OK"
 PROMPT = "Run the marker command and tell me what it printed."
-CC_TIMEOUT = os.environ.get("CC_TIMEOUT", "90")
+CC_TIMEOUT = float(os.environ.get("CC_TIMEOUT", "90"))
 
 TOOL_TURN = (
     "<think>\nThe user wants me to run the marker command. I will use Bash.\n</think>\n\n"
@@ -43,7 +42,7 @@ pytestmark = offline_harness_marks("Claude Code")
 
 @pytest.fixture(scope="module")
 def cc_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
-    require_client("harness_claude_bin", "claude-code")
+    client_binary("claude-code")  # skips before starting a mesh when it is not installed
     tmp = tmp_path_factory.mktemp("cc-mesh")
     # Claude Code asks for max_tokens=32000 on a ~27k-token prompt: the parse service clamps the cap to
     # the room the demo model's 32,768-token context leaves.
@@ -53,13 +52,10 @@ def cc_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
 
 def test_claude_code_runs_a_bash_tool_loop(cc_mesh: RunningMesh, tmp_path: Path) -> None:
     workdir = tmp_path / "cc"
-    proc = subprocess.run(
-        [str(HARNESSES / "claude-code.sh"), cc_mesh.http, MODEL, str(workdir), "-p", PROMPT,
-         "--output-format", "stream-json", "--verbose", "--allowedTools", "Bash"],
-        env={**os.environ, "CC_TIMEOUT": CC_TIMEOUT}, timeout=int(CC_TIMEOUT) + 30,
-    )
-    stderr = (workdir / "stderr.txt").read_text() if (workdir / "stderr.txt").exists() else ""
-    assert proc.returncode == 0, f"claude exited {proc.returncode}: {stderr[-3000:]}"
+    status = run_claude_code(cc_mesh.http, MODEL, workdir, ["-p", PROMPT, "--output-format", "stream-json",
+                                                           "--verbose", "--allowedTools", "Bash"], CC_TIMEOUT)
+    stderr = (workdir / "stderr.txt").read_text()
+    assert status == 0, f"claude exited {status}: {stderr[-3000:]}"
     events = stdout_events(workdir)
     assistant = [e["message"] for e in events if e["type"] == "assistant"]
     calls = [b for m in assistant for b in m["content"] if b["type"] == "tool_use"]

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
+from tests.support.fixtures import CAPTURES
 from tests.support.mesh import RunningMesh, running_mesh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-REPO = Path(__file__).resolve().parents[2]
-CAPTURES = Path(os.environ.get("HARNESSES_DIR", REPO.parent / "shared" / "harnesses")) / "captures"
 MODEL = "demo"
 ALIASES = ["mock-model", "claude-opus-5-5", "claude-sonnet-4-5-20250929"]
 TOOL_TURN = (
@@ -154,7 +151,6 @@ def _captured() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-@pytest.mark.skipif(not CAPTURES.is_dir(), reason="shared/harnesses/captures is not present")
 async def test_replay_every_captured_claude_code_request(mesh: RunningMesh) -> None:
     captured = _captured()
     assert len(captured) >= 20

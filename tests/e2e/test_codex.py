@@ -1,25 +1,29 @@
-"""Real Codex CLI (0.169.0, ``shared/harnesses/codex.sh``) against the real mesh: a two-turn tool loop.
+"""Real Codex CLI (the version in ``.ci/harnesses/clients.txt``) against the real mesh: a two-turn tool loop.
 
 The mocker's script makes the model call Codex's shell tool (``exec_command`` with ``{"cmd": ...}``),
 Codex runs the command and sends its output back (``function_call_output``), and the model answers.
-Codex is configured with the catalog ``harnessmesh catalog codex`` prints for this mesh.
+Codex is configured with what ``harnessmesh catalog codex`` prints for this mesh (catalog and config.toml).
 
-Runs only inside ``shared/harnesses/offline.sh`` (``HARNESS_OFFLINE=1``): ``.ci/run`` runs the
+Runs only inside ``.ci/harnesses/offline.sh`` (``HARNESS_OFFLINE=1``): ``.ci/run`` runs the
 ``harness`` tests that way after the main suite.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.harness import HARNESSES, REPO, offline_harness_marks, require_client, scripted_mesh, stdout_events
+from tests.support.harness import (
+    client_binary,
+    configure_codex,
+    offline_harness_marks,
+    run_codex,
+    scripted_mesh,
+    stdout_events,
+)
 from tests.support.mesh import RunningMesh
 
 MODEL = "mesh-coder"
@@ -40,31 +44,20 @@ pytestmark = offline_harness_marks("Codex")
 
 @pytest.fixture(scope="module")
 def codex_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
-    require_client("harness_codex_bin", "codex")
+    client_binary("codex")  # skips before starting a mesh when it is not installed
     tmp = tmp_path_factory.mktemp("codex-mesh")
     with scripted_mesh(tmp, SCRIPT, MODEL) as mesh:
         yield mesh
 
 
 def test_codex_runs_a_tool_loop_against_the_mesh(codex_mesh: RunningMesh, tmp_path: Path) -> None:
-    catalog = tmp_path / "catalog.json"
-    printed = subprocess.run(
-        [sys.executable, "-m", "services.launcher", "catalog", "codex", "--url", codex_mesh.http, "--only", "catalog"],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    )
-    catalog.write_text(printed.stdout)
-    assert json.loads(printed.stdout)["models"][0]["slug"] == MODEL
-
     workdir = tmp_path / "cx"
-    env = {**os.environ, "CODEX_CATALOG": str(catalog), "CODEX_TIMEOUT": str(CODEX_TIMEOUT)}
-    proc = subprocess.run(
-        [str(HARNESSES / "codex.sh"), codex_mesh.http, MODEL, str(workdir), PROMPT,
-         "-c", "model_providers.gateway.stream_max_retries=0"],
-        env=env, timeout=CODEX_TIMEOUT + 30, capture_output=True, text=True,
-    )
-    stderr = (workdir / "stderr.txt").read_text() if (workdir / "stderr.txt").exists() else proc.stderr
+    catalog = configure_codex(codex_mesh.http, workdir)
+    assert catalog["models"][0]["slug"] == MODEL
+    status = run_codex(workdir, [PROMPT, "-c", "model_providers.harnessmesh.stream_max_retries=0"], CODEX_TIMEOUT)
+    stderr = (workdir / "stderr.txt").read_text()
     mesh_log = codex_mesh.log_path.read_text()[-4000:]
-    assert proc.returncode == 0, f"codex exited {proc.returncode}\n{stderr[-4000:]}\n{mesh_log}"
+    assert status == 0, f"codex exited {status}\n{stderr[-4000:]}\n{mesh_log}"
 
     events = stdout_events(workdir)
     items = [e["item"] for e in events if e["type"] == "item.completed"]

@@ -1,4 +1,4 @@
-"""Every recorded Responses request (``shared/harnesses/captures``), and the openai SDK, through the real mesh.
+"""Every recorded Responses request (``tests/fixtures/captures``), and the openai SDK, through the real mesh.
 
 Unlike ``tests/gateway/apis/responses/test_replay.py`` this renders each request with the demo model's
 real chat template (developer messages, namespace and custom tools, replayed reasoning and
@@ -35,8 +35,8 @@ def replay_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMes
         yield mesh
 
 
-@pytest.mark.skipif(not CASES, reason="no captures under shared/harnesses/captures")
 async def test_every_captured_request_streams_to_completion(replay_mesh: RunningMesh) -> None:
+    assert CASES
     async with httpx.AsyncClient(base_url=replay_mesh.http, timeout=60) as http:
         for name, request in CASES:
             body = {**request["body"], "model": "demo", "stream": True}

@@ -16,9 +16,8 @@ from gateway.settings import GatewaySettings
 from services.api import chat_pb2
 from services.launcher.cli import main
 from tests.gateway.fake_parse import FakeParse, start_fake_parse
+from tests.support.fixtures import CODEX_MODEL_CATALOG
 from tests.support.nats import free_port
-
-TEMPLATE = Path(__file__).resolve().parents[3] / "shared" / "harnesses" / "codex_model_catalog.json"
 
 
 async def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -49,9 +48,8 @@ async def test_codex_catalog_and_config(served: str, capsys: pytest.CaptureFixtu
                                                       "description": "Balances speed and reasoning depth"}
     assert entry["default_reasoning_level"] == "medium" and entry["apply_patch_tool_type"] is None
     assert entry["base_instructions"]
-    if TEMPLATE.is_file():  # every field Codex 0.169.0's catalog entry has, we have
-        template = json.loads(TEMPLATE.read_text())["models"][0]
-        assert set(template) <= set(entry), set(template) - set(entry)
+    template = json.loads(CODEX_MODEL_CATALOG.read_text())["models"][0]  # every field Codex 0.169.0's entry has
+    assert set(template) <= set(entry), set(template) - set(entry)
     config = tomllib.loads(await run_cli(capsys, "codex", "--url", served, "--only", "config",
                                          "--catalog-path", str(tmp_path / "c.json")))
     assert config["model"] == "demo" and config["model_provider"] == "harnessmesh"
@@ -60,6 +58,11 @@ async def test_codex_catalog_and_config(served: str, capsys: pytest.CaptureFixtu
     assert provider["base_url"] == served + "/v1" and provider["wire_api"] == "responses"
     both = await run_cli(capsys, "codex", "--url", served)
     assert "[model_providers.harnessmesh]" in both and '"slug": "demo"' in both
+    # the default output is the two files one after the other: config.toml, then the catalog JSON
+    toml_part, _, rest = both.partition("\n\n# ")
+    path, _, json_part = rest.partition("\n")
+    assert tomllib.loads(toml_part)["model_catalog_json"] == path
+    assert json.loads(json_part)["models"][0]["slug"] == "demo"
 
 
 async def test_claude_code_pi_openclaw(served: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""Every Responses request recorded from real clients (``shared/harnesses/captures``) gets a valid stream.
+"""Every Responses request recorded from real clients (``tests/fixtures/captures``) gets a valid stream.
 
 The bodies are sent as recorded (headers included, model renamed to the served one) to the gateway
 over a fake parse service; every SSE event must parse as the openai SDK's typed stream event, and
@@ -8,8 +8,6 @@ the stream must end in ``response.completed``.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,9 +28,8 @@ from tests.gateway.fake_parse import (
     started,
     usage,
 )
+from tests.support.fixtures import CAPTURES
 
-HARNESSES = Path(os.environ.get("HARNESSES_DIR", Path(__file__).resolve().parents[5] / "shared" / "harnesses"))
-CAPTURES = HARNESSES / "captures"
 _DROP_HEADERS = {"host", "content-length", "authorization", "accept-encoding", "connection"}
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
@@ -64,8 +61,12 @@ def parse_sse(raw: str) -> list[dict[str, Any]]:
     return events
 
 
-@pytest.mark.skipif(not CASES, reason=f"no captures under {CAPTURES}")
-@pytest.mark.parametrize("name", [name for name, _ in CASES] or ["none"])
+def test_the_captures_are_in_the_repository() -> None:
+    """Every Codex 0.169.0 and SDK Responses request recorded (a missing fixture fails, never skips)."""
+    assert len(CASES) == 14, [name for name, _ in CASES]
+
+
+@pytest.mark.parametrize("name", [name for name, _ in CASES])
 async def test_captured_request_gets_a_valid_stream(name: str, gateway: Gateway, fake: FakeParse) -> None:
     request = dict(CASES)[name]
     body = dict(request["body"])
