@@ -49,6 +49,10 @@ _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("harnes
 _CHECK_EVERY = 256
 
 
+# Every attribute a plain dict instance has (its type's and object's): any other name is a key lookup.
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
 class _BudgetExceeded(Exception):
     """A render ran past its deadline (raised inside the template, turned into InvalidRequestError)."""
 
@@ -68,10 +72,17 @@ def _install_budget(env: Any) -> None:
             if deadline is not None and time.monotonic() > deadline:
                 raise _BudgetExceeded()
 
-    getattr_, getitem, call = env.getattr, env.getitem, env.call
+    getattr_, getitem, call, undefined = env.getattr, env.getitem, env.call, env.undefined
 
     def budget_getattr(obj: Any, attribute: str) -> Any:
         check()
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            # ``message.content`` on a plain dict: what the sandbox does (getattr fails, so the item or
+            # undefined), without raising and catching AttributeError first
+            try:
+                return obj[attribute]
+            except KeyError:
+                return undefined(obj=obj, name=attribute)
         return getattr_(obj, attribute)
 
     def budget_getitem(obj: Any, argument: Any) -> Any:
