@@ -98,6 +98,18 @@ def _in_range(name: str, value: int | None, low: int, high: int) -> None:
         raise InvalidRequestError(f"{name} must be between {low} and {high}, got {value}", param=name)
 
 
+def with_content(message: chat_pb2.Message) -> chat_pb2.Message:
+    """``message`` with a text part "" appended when it has none (and is an assistant turn), in place.
+
+    For the APIs whose messages always carry content (Anthropic Messages, Responses): their assistant turn
+    is the OpenAI form's ``content: ""`` when it has no text (docs/conversation-mapping.md), which templates
+    that read ``message.content`` (Qwen3's, DeepSeek's) need; the OpenAI chat API keeps null as no content.
+    """
+    if message.role == "assistant" and not any(p.WhichOneof("kind") == "text" for p in message.parts):
+        message.parts.append(chat_pb2.Part(text=""))
+    return message
+
+
 def mode_tool_choice(mode: str, tools: Sequence[chat_pb2.Tool]) -> chat_pb2.ToolChoice:
     """``"auto"`` / ``"none"`` / ``"required"`` (the OpenAI APIs' string form); ``required`` needs tools."""
     if mode == "required" and not tools:

@@ -28,7 +28,7 @@ class EngineRequest:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    match_text: str = ""                      # text of the last user/tool message (scripted engines)
+    match_text: str = ""                      # user/tool messages since the last assistant's (scripts)
     cache_salt: str = ""                      # changes block hashes (per-tenant isolation)
     priority: int = 0                         # reserved: higher first when saturated
     continued_tokens: int = 0                 # trailing prompt tokens an earlier attempt generated

@@ -2,6 +2,9 @@
 
 The translation copies what Hugging Face callers pass to ``apply_chat_template``: OpenAI-style message
 dicts with ``reasoning_content`` and ``tool_calls`` (arguments as a mapping), None-valued keys dropped.
+A message's ``content`` is its text parts joined, "" when they are empty, and absent when it has none:
+templates tell these apart (Qwen3's and DeepSeek's fail on an assistant turn without content), so the
+APIs keep what the client sent (docs/conversation-mapping.md).
 Assistant messages also carry ``segments``: their parts in the order the model produced them, which
 the demo template replays byte-identically (other templates ignore the key).
 """
@@ -137,12 +140,24 @@ def to_template_input(
     )
 
 
+MATCH_SEPARATOR = "\x1e"  # between messages in ``match_text``: no script ``match`` spans two of them
+
+
 def match_text(conversation: Conversation) -> str:
-    """Text of the conversation's last user or tool message (simulated engines pick a script by it)."""
+    """Text of every user and tool message since the last assistant message (simulated engines pick a
+    script by it), in order, joined by ``MATCH_SEPARATOR``.
+
+    All of them, not only the last: a harness may append its own user message after the tool results
+    (OpenClaw's runtime context), and matching that alone would replay the same turn forever. Trailing
+    assistant messages (a prefill) are skipped first.
+    """
+    texts: list[str] = []
     for message in reversed(conversation.messages):
         if message.role in ("user", "tool"):
-            return "".join(p.text for p in message.parts if isinstance(p, TextPart))
-    return ""
+            texts.append("".join(p.text for p in message.parts if isinstance(p, TextPart)))
+        elif message.role == "assistant" and texts:
+            break
+    return MATCH_SEPARATOR.join(reversed(texts))
 
 
 def _replayed(message: ChatMessage, replay: ReplayPolicy, *, drop_reasoning: bool) -> ChatMessage:
@@ -188,7 +203,8 @@ def _message_dict(message: ChatMessage, *, strip_billing: bool, arguments_as_tex
         out["tool_call_id"] = message.tool_call_id or None
         out["name"] = message.name or None
     if message.role == "assistant" and message.parts:
-        out["segments"] = [_segment(p) for p in message.parts]
+        # An empty text part says "content was sent" (templates read content ""); it is no segment.
+        out["segments"] = [_segment(p) for p in message.parts if not isinstance(p, TextPart) or p.text]
     return _drop_none(out)
 
 

@@ -133,13 +133,22 @@ def started_event(request_id: str, model: str, info: worker_pb2.PromptInfo) -> c
     ))
 
 
-def finish_events(frame: worker_pb2.GenerateResponse, *, tool_calls: int) -> list[chat_pb2.ChatEvent]:
-    """Usage and Finish; a turn that made tool calls and ended normally finishes with TOOL_CALLS."""
+def finish_events(
+    frame: worker_pb2.GenerateResponse, *, tool_calls: int, reasoning_tokens: int = 0
+) -> list[chat_pb2.ChatEvent]:
+    """Usage and Finish; a turn that made tool calls and ended normally finishes with TOOL_CALLS.
+
+    ``reasoning_tokens`` (the parse service's count, see ``reasoning_tokens.py``) fills the usage's
+    ``reasoning_tokens``, never more than its completion tokens (where the engine reported them).
+    """
     reason = frame.finish_reason
     if tool_calls and reason == common_pb2.FINISH_REASON_STOP and not frame.stop_string:
         reason = common_pb2.FINISH_REASON_TOOL_CALLS
     usage = common_pb2.Usage()
     usage.CopyFrom(frame.usage)
+    if reasoning_tokens:
+        done = usage.completion_tokens
+        usage.reasoning_tokens = min(reasoning_tokens, done) if done else reasoning_tokens
     return [
         chat_pb2.ChatEvent(usage=usage),
         chat_pb2.ChatEvent(finish=chat_pb2.Finish(reason=reason, stop_string=frame.stop_string)),

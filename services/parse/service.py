@@ -23,6 +23,7 @@ from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
 from services.parse.prefix_watch import PrefixBreak, PrefixWatch, session_key
+from services.parse.reasoning_tokens import ReasoningTokenCounter
 from services.parse.router_replicas import RouterInfo
 from services.parse.router_stream import ResumingRouterStream
 from services.parse.speculative import SpeculativePrefiller, TurnRecorder
@@ -97,6 +98,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
             tracker = _SpanEvents(span, self.metrics)
             spec_turn = TurnRecorder() if request.hints.speculative_prefill else None  # speculative prefill
+            reasoning_tokens = ReasoningTokenCounter()  # usage.reasoning_tokens
             spec_worker = ""
             session = session_key(request.identity)
             watched = self._prefix_watch.begin(session, prompt.token_ids)  # prefix-break report
@@ -122,12 +124,14 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                     if frame.finish_reason:
                         events += pipeline.finish()
                     tracker.observe(events)
+                    reasoning_tokens.feed(len(frame.token_ids), events)
                     if spec_turn is not None:
                         spec_turn.observe(events)
                         spec_worker = spec_worker or (frame.prompt.worker_id if frame.HasField("prompt") else "")
                     batch.events.extend(convert.event_to_proto(e) for e in events)
                     if frame.finish_reason:
-                        batch.events.extend(convert.finish_events(frame, tool_calls=pipeline.tool_calls))
+                        batch.events.extend(convert.finish_events(frame, tool_calls=pipeline.tool_calls,
+                                                                  reasoning_tokens=reasoning_tokens.total))
                         finished = True
                     if batch.events:
                         yield batch

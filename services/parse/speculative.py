@@ -50,7 +50,11 @@ class TurnRecorder:
                 self._parts.append(ToolCallPart(event.id, event.name, event.arguments_json))
 
     def message(self) -> ChatMessage:
-        return ChatMessage("assistant", tuple(self._parts))
+        """The turn as harnesses send it back: content "" when it had no text (Anthropic and Responses always
+        do, OpenAI clients mostly; templates such as Qwen3's fail on a turn without content)."""
+        if any(isinstance(p, TextPart) for p in self._parts):
+            return ChatMessage("assistant", tuple(self._parts))
+        return ChatMessage("assistant", (*self._parts, TextPart("")))
 
 
 def next_turn_request(

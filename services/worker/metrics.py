@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from services.common.metrics import LATENCY_BUCKETS, GaugeCallback
+from services.common.metrics import LATENCY_BUCKETS, CounterCallback, GaugeCallback
 from services.worker.engine import Engine
 
 
@@ -46,3 +46,13 @@ class WorkerMetrics:
 
         for key, doc in docs.items():
             self.registry.register(GaugeCallback(f"harnessmesh_worker_{key}", doc, ("worker",), reader(key)))
+
+        prefix = "kv_events_skipped_"
+
+        def skipped() -> dict[tuple[str, ...], float]:
+            extra = engine.stats().extra
+            return {(worker_id, k[len(prefix):]): v for k, v in extra.items() if k.startswith(prefix)}
+
+        self.registry.register(CounterCallback(
+            "harnessmesh_worker_kv_events_skipped", "Engine KV events not published, by reason (trtllm: "
+            "multimodal blocks, whose token ids are item digests).", ("worker", "reason"), skipped))

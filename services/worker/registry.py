@@ -34,7 +34,7 @@ def _torch(settings: WorkerSettings, model: ModelDir) -> Engine:
     if not settings.model:
         raise InvalidRequestError("--engine torch needs --model DIR: a Hugging Face causal LM (config + weights)")
     group = settings.torch()
-    runner = ModelRunner(model.path, dtype=group.dtype, threads=group.threads)
+    runner = ModelRunner(model.path, dtype=group.dtype, threads=group.threads, device=group.device)
     return TorchEngine(TorchConfig(**vars(settings.batching())), model, runner)
 
 
@@ -44,8 +44,8 @@ def _trtllm(settings: WorkerSettings, model: ModelDir) -> Engine:
     if not settings.model:
         raise InvalidRequestError("--engine trtllm needs --model DIR (a Hugging Face checkpoint)")
     batching = settings.batching()
-    return TrtllmEngine(load_llm(model, settings.trtllm(), batching), model, block_size=batching.block_size,
-                        num_blocks=batching.num_blocks, max_tokens_default=batching.max_tokens_default)
+    return TrtllmEngine(load_llm(model, settings.trtllm(), batching), model, num_blocks=batching.num_blocks,
+                        max_tokens_default=batching.max_tokens_default)
 
 
 ENGINES: dict[str, Callable[[WorkerSettings, ModelDir], Engine]] = {

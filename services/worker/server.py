@@ -101,8 +101,9 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
         await server.stop(0)
         await nc.close()
         raise
+    engine_info = engine.info()  # the engine's real block size and capacity, not the options asked for
     log.info("worker.ready", worker_id=worker_id, address=address, engine=settings.engine, model=model.name,
-             block_size=settings.block_size, total_blocks=settings.num_blocks)
+             block_size=engine_info.block_size, total_blocks=engine_info.total_blocks)
     return RunningWorker(worker_id, address, engine, publisher, server, nc, tracing,
                          serve_metrics(metrics.registry, settings.host, settings.metrics_port))
 

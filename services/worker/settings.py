@@ -28,6 +28,7 @@ class MockerSettings:
     worker's options are the one place those are written)."""
 
     NAME: ClassVar[str] = "mocker"
+    DEFAULT_BLOCK_SIZE: ClassVar[int] = _BATCHING.block_size
 
     timing: StepTiming
     script: str                         # JSONL file of scripted completions ("": none)
@@ -36,19 +37,27 @@ class MockerSettings:
 
 @dataclass(frozen=True)
 class TorchSettings:
-    """The torch engine's group: weight dtype and CPU threads."""
+    """The torch engine's group: weight dtype, CPU threads and the device the model runs on."""
 
     NAME: ClassVar[str] = "torch"
+    DEFAULT_BLOCK_SIZE: ClassVar[int] = _BATCHING.block_size
 
-    dtype: str                          # "auto" resolved: float32 on the CPU
+    dtype: str                          # "auto" resolved: float32
     threads: int                        # intra-op threads (0: PyTorch's default)
+    device: str                         # "cpu", "cuda" or "cuda:N"
 
 
 @dataclass(frozen=True)
 class TrtllmSettings:
-    """The TensorRT-LLM engine's group: parallelism, KV memory share, event buffer, dtype."""
+    """The TensorRT-LLM engine's group: parallelism, KV memory share, event buffer, dtype.
+
+    Always on, not options: chunked prefill (``enable_chunked_prefill``: without it TensorRT-LLM refuses any
+    prompt over ``max_num_tokens``), iteration stats (``enable_iter_perf_stats``: the load signal), and
+    ``skip_tokenizer_init`` (the parse service owns tokenization; EOS / pad ids come from our model directory).
+    """
 
     NAME: ClassVar[str] = "trtllm"
+    DEFAULT_BLOCK_SIZE: ClassVar[int] = 32  # KvCacheConfig.tokens_per_block's default (and NVIDIA Dynamo's)
 
     tensor_parallel_size: int           # GPUs one worker spans
     free_gpu_memory_fraction: float     # share of free GPU memory given to the KV cache
@@ -75,11 +84,15 @@ class WorkerSettings(CommonSettings):
                                 "and the workers both use it.", shared=True)
     nats_token: str = option("", "Token the NATS server requires (HARNESSMESH_NATS_TOKEN; `harnessmesh up` makes "
                              "one for the nats-server it starts).", shared=True, secret=True)
-    block_size: int = option(_BATCHING.block_size, "Tokens per KV block.")
+    block_size: int = option(
+        0, "Tokens per KV block (0: the engine's default: 16 for mocker and torch, 32 for trtllm, TensorRT-LLM's "
+        "own). Workers of one model should agree (the router compares prefixes only among equal block sizes); "
+        "trtllm refuses to start when the engine runs with another size than the one asked for.")
     num_blocks: int = option(_BATCHING.num_blocks, "KV cache capacity in blocks.")
     max_num_seqs: int = option(_BATCHING.max_num_seqs, "Most requests batched in one engine step.")
     max_num_batched_tokens: int = option(
-        _BATCHING.max_num_batched_tokens, "Token budget of one engine step (chunked prefill).")
+        _BATCHING.max_num_batched_tokens, "Token budget of one engine step (chunked prefill; trtllm: the LLM's "
+        "max_num_tokens, with chunked prefill on so longer prompts are prefilled in chunks).")
     max_tokens_default: int = option(_BATCHING.max_tokens_default, "max_tokens when a request leaves it at 0.")
     speedup: float = option(_TIMING.speedup, "Mocker: divide every simulated step time by this factor.")
     timing_model: str = option(
@@ -99,6 +112,7 @@ class WorkerSettings(CommonSettings):
     dtype: str = option("auto", "torch/trtllm: weight dtype (auto: float32 for torch on the CPU, the checkpoint's "
                         "for trtllm).", choices=("auto", "float32", "bfloat16", "float16"))
     torch_threads: int = option(0, "torch: intra-op CPU threads (0: PyTorch's default).")
+    device: str = option("cpu", "torch: device the model runs on: cpu, cuda or cuda:N (a GPU PyTorch sees).")
     tensor_parallel_size: int = option(1, "trtllm: GPUs one worker spans (tensor parallelism).")
     free_gpu_memory_fraction: float = option(0.9, "trtllm: share of free GPU memory given to the KV cache.")
     trtllm_event_buffer: int = option(16384, "trtllm: KvCacheConfig.event_buffer_max_size (KV events buffered "
@@ -113,8 +127,15 @@ class WorkerSettings(CommonSettings):
     # -- the groups each engine is given ------------------------------------------------------------
 
     def batching(self) -> BatchingConfig:
-        """Capacity and batching limits (every engine; TensorRT-LLM uses its block size and limits)."""
-        return BatchingConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BatchingConfig)})
+        """Capacity and batching limits (every engine; TensorRT-LLM uses its block size and limits).
+
+        ``--block-size 0`` becomes the selected engine's default (its group's ``DEFAULT_BLOCK_SIZE``).
+        """
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(BatchingConfig)}
+        if not values["block_size"]:
+            group = next((g for g in ENGINE_GROUPS if self.engine == g.NAME), MockerSettings)
+            values["block_size"] = group.DEFAULT_BLOCK_SIZE
+        return BatchingConfig(**values)
 
     def mocker(self) -> MockerSettings:
         timing: StepTiming
@@ -125,7 +146,8 @@ class WorkerSettings(CommonSettings):
         return MockerSettings(timing, script=self.script, seed=self.seed)
 
     def torch(self) -> TorchSettings:
-        return TorchSettings(dtype="float32" if self.dtype == "auto" else self.dtype, threads=self.torch_threads)
+        return TorchSettings(dtype="float32" if self.dtype == "auto" else self.dtype, threads=self.torch_threads,
+                             device=self.device)
 
     def trtllm(self) -> TrtllmSettings:
         return TrtllmSettings(tensor_parallel_size=self.tensor_parallel_size,
@@ -135,9 +157,14 @@ class WorkerSettings(CommonSettings):
     def validate(self) -> None:
         if self.engine not in ENGINE_NAMES:
             raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINE_NAMES)}")
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
+        if self.block_size < 0:
+            raise ValueError("--block-size must be positive (or 0: the engine's default)")
+        for name in ("num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if not (self.device == "cpu" or self.device == "cuda" or
+                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.tensor_parallel_size <= 0 or self.trtllm_event_buffer <= 0:
             raise ValueError("--tensor-parallel-size and --trtllm-event-buffer must be positive")
         if not 0 < self.free_gpu_memory_fraction <= 1:

@@ -115,6 +115,7 @@ class Family:
     parallel_in_one_block: bool = True
     call_ids: Callable[[int, str], str] | None = None
     text: Callable[[str], str] = str
+    prompt: str = ""    # the rendered prompt the output follows (a forced family's says thinking is off)
 
     def calls(self, calls: list[Call], first: int = 0) -> str:
         """``calls`` as the model writes them; ``first`` is the turn's index of the first one."""
@@ -122,7 +123,11 @@ class Family:
 
 
 def _family(tool: str, reasoning: str = "qwen3", **kw: Any) -> Family:
-    return Family(tool, reasoning, tagged_reasoning(reasoning), **kw)
+    fmt = REASONING_FORMATS[reasoning]
+    # A forced family starts inside reasoning unless its prompt closed the block: these cases are written
+    # with explicit blocks, so their prompt is the template's thinking-off one.
+    prompt = tagged_reasoning(reasoning)("") if fmt.forced else ""
+    return Family(tool, reasoning, tagged_reasoning(reasoning), prompt=prompt, **kw)
 
 
 FAMILIES: dict[str, Family] = {f.tool_parser: f for f in (

@@ -21,7 +21,8 @@ from services.parse.parsers.base import OutputParser
 from services.parse.parsers.events import Event, TextDelta, merge_deltas
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_TEMPLATES = REPO.parent / "shared" / "chat_templates"
+# Real Hugging Face chat templates, conversations and transformers references (provenance in its SOURCES.md).
+TEMPLATE_FIXTURES = REPO / "tests" / "fixtures" / "chat_templates"
 FIXED_NOW = datetime(2026, 1, 15, 9, 30, 0)
 
 

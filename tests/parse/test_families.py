@@ -43,9 +43,9 @@ NESTED: Call = ("get_weather", {"city": "Lyon", "opts": {"units": {"temp": "c"},
 EMPTY: Call = ("noop", {})
 
 
-def run(fam: Family, pieces: Sequence[str], prompt: str = "") -> list[Event]:
+def run(fam: Family, pieces: Sequence[str], prompt: str | None = None) -> list[Event]:
     ids = (f"call_{i}" for i in itertools.count())
-    ctx = ParserContext(prompt, lambda: next(ids), SCHEMAS)
+    ctx = ParserContext(fam.prompt if prompt is None else prompt, lambda: next(ids), SCHEMAS)
     return run_parsers(REASONING_PARSERS[fam.reasoning_parser](ctx), TOOL_PARSERS[fam.tool_parser](ctx), pieces)
 
 
@@ -153,9 +153,16 @@ def _reasoning_cases(name: str) -> list[Any]:
         ("unterminated", "", open_ + "cut off", [R("cut off")]),
         ("prompt_opened", "PROMPT" + fmt.starts[0], fmt.inner + "inside" + close + "out", [R("inside"), T("out")]),
     ]
+    # Forced-reasoning audit (docs/parsers.md): a prompt that closed the block means thinking is off;
+    # a forced family starts in reasoning otherwise, even after closed blocks earlier in the prompt.
+    cases.append(("prompt_closed", "PROMPT" + open_ + close, "Plain answer.", [T("Plain answer.")]))
     if fmt.forced:
         cases.append(("forced_without_opener", "", "straight in" + close + "out", [R("straight in"), T("out")]))
+        cases.append(("forced_after_history", "Q" + open_ + "old" + close + "A\nQ2\n", "in" + close + "out",
+                      [R("in"), T("out")]))
         cases.remove(cases[0])
+    elif fmt.drop_stray_ends:
+        cases.append(("stray_closer_dropped", "", "before" + fmt.ends[0] + "after", [T("beforeafter")]))
     return [pytest.param(name, *c[1:], id=f"{name}-{c[0]}") for c in cases]
 
 
@@ -170,6 +177,8 @@ def test_reasoning_format(name: str, prompt: str, text: str, expected: list[Even
 def test_minimax_append_think_restores_the_opener() -> None:
     fam = Family("hermes", "minimax_append_think", lambda t: t)
     assert run(fam, list("idea\n</think>\n\nok"), "]~b]ai\n<think>\n") == [T("<think>\nidea\n</think>\n\nok")]
+    assert run(fam, list("idea</think>ok"), "]~b]ai\n") == [T("<think>idea</think>ok")]   # as vLLM: always
+    assert run(fam, list("ok"), "]~b]ai\n<think>\n\n</think>\n\n") == [T("ok")]       # thinking off
 
 
 def test_gpt_oss_without_framing_is_text_and_half_headers_never_leak() -> None:
@@ -190,7 +199,7 @@ def test_dispatch_fires_while_decoding_not_at_the_end(family: str) -> None:
     fam = FAMILIES[family]
     text, _ = calls_of(fam, [WEATHER, LYON])
     ids = (f"call_{i}" for i in itertools.count())
-    ctx = ParserContext("", lambda: next(ids), SCHEMAS)
+    ctx = ParserContext(fam.prompt, lambda: next(ids), SCHEMAS)
     reasoning, tools = REASONING_PARSERS[fam.reasoning_parser](ctx), TOOL_PARSERS[fam.tool_parser](ctx)
     fed: list[Event] = []
     for c in text:

@@ -186,3 +186,58 @@ def test_markers_are_matched_by_token_id_not_by_look_alike_text() -> None:
     rest = DEMO.tokenizer.encode("hi", add_special_tokens=False).ids
     assert run_tokens("", [spelled + rest]) == [T("<think>hi")]
     assert run_tokens("", [[think, *rest]]) == [R("hi")]
+
+
+# Forced-reasoning audit (docs/parsers.md): (id, reasoning parser, prompt, output, expected). The model
+# emits only the closer when its template opened the block; what happens when the prompt we see did not.
+AUDIT: list[tuple[str, str, str, str, list[Event]]] = [
+    ("deepseek_r1_silent_prompt", "deepseek_r1", "<｜Assistant｜>", "Hmm.\n</think>\n\nOK", [R("Hmm."), T("OK")]),  # noqa: RUF001
+    ("deepseek_r1_thinking_off", "deepseek_r1", "<｜Assistant｜><think>\n\n</think>\n\n", "OK", [T("OK")]),  # noqa: RUF001
+    ("deepseek_r1_writes_opener", "deepseek_r1", "", "<think>\nHmm.\n</think>\n\nOK", [R("Hmm."), T("OK")]),
+    ("minimax_m2_silent_prompt", "minimax_m2", "]~b]ai\n", "idea\n</think>\n\nok", [R("idea"), T("ok")]),
+    ("minimax_m2_after_history", "minimax_m2", "]~b]ai\n<think>\nold\n</think>\n\nA[e~[\n]~b]user\nQ[e~[\n]~b]ai\n",
+     "idea\n</think>\n\nok", [R("idea"), T("ok")]),
+    ("minimax_m2_prompt_opened", "minimax_m2", "]~b]ai\n<think>\n", "idea\n</think>\n\nok", [R("idea"), T("ok")]),
+    ("minimax_m2_tool_section_ends_reasoning", "minimax_m2", "]~b]ai\n", "idea\n<minimax:tool_call>x",
+     [R("idea"), T("<minimax:tool_call>x")]),
+    ("kimi_k25_silent_prompt", "kimi_k25", "<|im_assistant|>assistant<|im_middle|>", "plan</think>answer",
+     [R("plan"), T("answer")]),
+    ("kimi_k25_instant_mode", "kimi_k25", "<|im_middle|><think></think>", "answer", [T("answer")]),
+    ("nemotron3_silent_prompt", "nemotron3", "<|im_start|>assistant\n", "plan\n</think>\n\nanswer",
+     [R("plan"), T("answer")]),
+    ("nemotron_nano_silent_prompt", "nemotron_nano", "", "plan\n</think>\n\nanswer", [R("plan"), T("answer")]),
+    ("step3_silent_prompt", "step3", "", "plan\n</think>\n\nanswer", [R("plan"), T("answer")]),
+    # Not forced (Dynamo's qwen3): the prompt decides; a stray closer is dropped, never streamed as text.
+    ("qwen3_prompt_opened", "qwen3", "<|im_start|>assistant\n<think>\n", "Hmm.\n</think>\n\nOK", [R("Hmm."), T("OK")]),
+    ("qwen3_silent_prompt_stray_closer", "qwen3", "<|im_start|>assistant\n", "Hmm.\n</think>\n\nOK",
+     [T("Hmm.\n\n\nOK")]),
+    ("qwen3_no_reasoning", "qwen3", "<|im_start|>assistant\n", "Just text.", [T("Just text.")]),
+    ("append_think_silent_prompt", "minimax_append_think", "]~b]ai\n", "idea</think>ok", [T("<think>idea</think>ok")]),
+    ("append_think_thinking_off", "minimax_append_think", "]~b]ai\n<think>\n\n</think>\n\n", "ok", [T("ok")]),
+]
+
+
+def run_reasoning_tokens(name: str, prompt: str, chunks: Sequence[Sequence[int]]) -> list[Event]:
+    """One reasoning parser (no tool parser) behind the demo tokenizer: its markers matched by token id."""
+    markers = MarkerIds(DEMO.tokenizer, REASONING_MARKERS[name])
+    ctx = dataclasses.replace(counter_ids(), prompt=prompt, marker=markers.marker)
+    p = OutputPipeline(IncrementalDetokenizer(DEMO.tokenizer, DEMO.eos_token_ids, markers),
+                       REASONING_PARSERS[name](ctx), None, markers)
+    events: list[Event] = []
+    for chunk in chunks:
+        events += p.feed(chunk)
+    return merge_deltas(events + p.finish())
+
+
+@pytest.mark.parametrize(("name", "prompt", "output", "expected"), [pytest.param(*c[1:], id=c[0]) for c in AUDIT])
+def test_forced_reasoning_audit_whole_per_token_and_random_chunks(
+    name: str, prompt: str, output: str, expected: list[Event]
+) -> None:
+    ids = [*DEMO.tokenizer.encode(output, add_special_tokens=False).ids, DEMO.eos_token_ids[0]]
+    assert run_reasoning_tokens(name, prompt, [ids]) == expected
+    assert run_reasoning_tokens(name, prompt, [[i] for i in ids]) == expected
+    for seed in range(5):
+        assert run_reasoning_tokens(name, prompt, random_chunks(ids, seed)) == expected  # type: ignore[arg-type]
+    ctx = dataclasses.replace(counter_ids(), prompt=prompt)
+    for pieces in ([output], list(output), *(random_chunks(output, seed) for seed in range(5))):
+        assert run_parsers(REASONING_PARSERS[name](ctx), TOOL_PARSERS["hermes"](ctx), pieces) == expected  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """Incremental prompt tokenization (``prompt_cache.py``): always exactly the ids of a full tokenization.
 
 Property tests over every template family the repo ships (the demo model's and the references in
-../shared/chat_templates), each with a tokenizer that has the family's control strings as added
+tests/fixtures/chat_templates), each with a tokenizer that has the family's control strings as added
 tokens: hypothesis-generated agent conversations grown turn by turn, with history rewrites
 (compaction, a changed system prompt, a billing line, an edited earlier message, changed tools or
 template kwargs) at random turns, and random text edits at random points of a rendered prompt.
@@ -34,7 +34,7 @@ from services.parse.conversation import (
 from services.parse.model_format import ModelFormat
 from services.parse.prompt_cache import PromptCache, boundary_tokens, common_prefix
 from services.parse.renderer import ChatTemplateRenderer
-from tests.parse.support import FIXED_NOW, SHARED_TEMPLATES
+from tests.parse.support import FIXED_NOW, TEMPLATE_FIXTURES
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ class FamilyKit:
 
 def _family_names() -> list[str]:
     names = ["demo"]
-    if (SHARED_TEMPLATES / "manifest.json").is_file():
-        names += sorted(json.loads((SHARED_TEMPLATES / "manifest.json").read_text(encoding="utf-8"))["families"])
+    if (TEMPLATE_FIXTURES / "manifest.json").is_file():
+        names += sorted(json.loads((TEMPLATE_FIXTURES / "manifest.json").read_text(encoding="utf-8"))["families"])
     return names
 
 
@@ -74,7 +74,7 @@ def kit(name: str) -> FamilyKit:
     if name == "demo":
         return FamilyKit("demo", ChatTemplateRenderer(demo.chat_template, demo.special_tokens, now=lambda: FIXED_NOW),
                          ({}, {"enable_thinking": False}), demo.tokenizer, demo.encoder.encode)
-    fam = SHARED_TEMPLATES / name
+    fam = TEMPLATE_FIXTURES / name
     meta = json.loads((fam / "reference" / "meta.json").read_text(encoding="utf-8"))
     special = json.loads((fam / "special_tokens.json").read_text(encoding="utf-8"))
     variables = meta["renders"][0]["template_variables_from_special_tokens"]
@@ -202,8 +202,8 @@ def test_random_edit_points(family: str, data: st.DataObject) -> None:
 
 
 def _agent_render(fam: FamilyKit) -> str:
-    conversations = json.loads((SHARED_TEMPLATES / "conversations.json").read_text(encoding="utf-8")) \
-        if SHARED_TEMPLATES.is_dir() else None
+    conversations = json.loads((TEMPLATE_FIXTURES / "conversations.json").read_text(encoding="utf-8")) \
+        if TEMPLATE_FIXTURES.is_dir() else None
     from tests.parse.support import conversation_from_openai
 
     if conversations is not None:
@@ -219,12 +219,12 @@ def _agent_render(fam: FamilyKit) -> str:
 def test_agent_loop_turn_by_turn_reuses_the_previous_turn(family: str) -> None:
     """The reference agent conversation grown one message at a time: later turns are incremental builds,
     and their ids are the full build's."""
-    if not SHARED_TEMPLATES.is_dir():
-        pytest.skip(f"{SHARED_TEMPLATES} is absent")
+    if not TEMPLATE_FIXTURES.is_dir():
+        pytest.skip(f"{TEMPLATE_FIXTURES} is absent")
     from tests.parse.support import conversation_from_openai
 
     fam = kit(family)
-    conversations = json.loads((SHARED_TEMPLATES / "conversations.json").read_text(encoding="utf-8"))
+    conversations = json.loads((TEMPLATE_FIXTURES / "conversations.json").read_text(encoding="utf-8"))
     conv = conversation_from_openai(
         next(c for c in conversations["conversations"] if c["id"] == "05_agent_loop_three_turns"))
     cache = fam.cache()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import datetime
 
@@ -85,7 +86,19 @@ def test_template_input_shape() -> None:
     assert data.tools == [{"type": "function", "function": {
         "name": "get_weather", "description": "Weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-    assert match_text(agent_conversation()) == "20C"
+    assert match_text(agent_conversation()) == "18C\x1e20C"
+
+
+def test_match_text_is_every_user_and_tool_message_since_the_last_assistant() -> None:
+    """OpenClaw appends its own user message after the tool results: the script must still see them."""
+    openclaw = dataclasses.replace(agent_conversation(), messages=(
+        *agent_conversation().messages, ChatMessage("user", (TextPart("[runtime context] cwd=/w"),))))
+    assert match_text(openclaw) == "18C\x1e20C\x1e[runtime context] cwd=/w"
+    assert "Weather in Paris" not in match_text(openclaw)          # the turn before the assistant's is done
+    prefill = dataclasses.replace(openclaw, messages=(*openclaw.messages, ChatMessage("assistant", (TextPart("Ok"),))))
+    assert match_text(prefill) == match_text(openclaw)              # a trailing assistant prefill is skipped
+    first = Conversation(messages=(ChatMessage("system", (TextPart("s"),)), ChatMessage("user", (TextPart("hi"),))))
+    assert match_text(first) == "hi"
 
 
 def test_unparseable_arguments_stay_text() -> None:

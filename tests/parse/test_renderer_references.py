@@ -1,4 +1,4 @@
-"""Byte-identical rendering of the reference outputs in ../shared/chat_templates (made with transformers)."""
+"""Byte-identical rendering of the reference outputs in tests/fixtures/chat_templates (made with transformers)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ import pytest
 from services.common.errors import InvalidRequestError
 from services.parse.conversation import to_template_input
 from services.parse.renderer import ChatTemplateRenderer
-from tests.parse.support import FIXED_NOW, SHARED_TEMPLATES, conversation_from_openai
+from tests.parse.support import FIXED_NOW, TEMPLATE_FIXTURES, conversation_from_openai
 
 
 def families() -> list[str]:
     """Every family with references (manifest.json lists them)."""
-    manifest = json.loads((SHARED_TEMPLATES / "manifest.json").read_text(encoding="utf-8"))
+    manifest = json.loads((TEMPLATE_FIXTURES / "manifest.json").read_text(encoding="utf-8"))
     return sorted(manifest["families"])
 
 
 def _cases() -> list[Any]:
-    if not SHARED_TEMPLATES.is_dir():
-        return [pytest.param(None, None, marks=pytest.mark.skip(reason=f"{SHARED_TEMPLATES} is absent"))]
+    if not TEMPLATE_FIXTURES.is_dir():
+        return [pytest.param(None, None, marks=pytest.mark.skip(reason=f"{TEMPLATE_FIXTURES} is absent"))]
     cases = []
     for family in families():
-        meta = json.loads((SHARED_TEMPLATES / family / "reference" / "meta.json").read_text())
+        meta = json.loads((TEMPLATE_FIXTURES / family / "reference" / "meta.json").read_text())
         for record in meta["renders"]:
             cases.append(pytest.param(family, record, id=f"{family}-{record['conversation']}-{record['variant']}"))
     return cases
@@ -32,9 +32,9 @@ def _cases() -> list[Any]:
 
 @pytest.mark.parametrize(("family", "record"), _cases())
 def test_reference_render(family: str, record: dict[str, Any]) -> None:
-    fam_dir = SHARED_TEMPLATES / family
+    fam_dir = TEMPLATE_FIXTURES / family
     template = (fam_dir / "chat_template.jinja").read_text(encoding="utf-8")
-    conversations = json.loads((SHARED_TEMPLATES / "conversations.json").read_text(encoding="utf-8"))
+    conversations = json.loads((TEMPLATE_FIXTURES / "conversations.json").read_text(encoding="utf-8"))
     conv = next(c for c in conversations["conversations"] if c["id"] == record["conversation"])
     renderer = ChatTemplateRenderer(template, record["template_variables_from_special_tokens"], now=lambda: FIXED_NOW)
     # The renderer finds out from the template itself which form of arguments it takes.

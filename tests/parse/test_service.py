@@ -151,6 +151,16 @@ async def test_chat_event_order_and_request(mesh: tuple[FakeRouter, Any, Running
     assert "billing" not in rendered and rendered.endswith("<|im_start|>assistant\n")
 
 
+async def test_usage_counts_the_reasoning_tokens(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    """``usage.reasoning_tokens``: the tokens the reasoning parser classified as reasoning (one token per frame)."""
+    router, stub, _ = mesh
+    router.script = scripted(OUTPUT, batch=1)
+    events = [e for b in await collect(stub, chat_request()) for e in b.events]
+    (usage,) = [e.usage for e in events if e.HasField("usage")]
+    assert usage.reasoning_tokens == len(DEMO.tokenizer.encode("Need the weather.", add_special_tokens=False).ids)
+    assert usage.completion_tokens > usage.reasoning_tokens
+
+
 async def test_router_error_mid_stream_is_in_band(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
     router, stub, _ = mesh
     router.script = scripted(OUTPUT, error_after=3)

@@ -23,11 +23,12 @@ from services.parse.conversation import (
     to_template_input,
 )
 from services.parse.parsers.events import Event, ReasoningDelta, TextDelta, ToolCallDispatch
+from services.parse.parsers.reasoning import REASONING_FORMATS
 from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
 from services.parse.parsers.tool_core import ParserContext
 from services.parse.renderer import ChatTemplateRenderer
 from services.parse.replay import template_reads_reasoning
-from tests.parse.support import FIXED_NOW, SHARED_TEMPLATES, run_parsers
+from tests.parse.support import FIXED_NOW, TEMPLATE_FIXTURES, run_parsers
 
 # template family -> (reasoning parser or "", tool parser)
 PARSERS = {
@@ -58,7 +59,7 @@ TURN: tuple[Part, ...] = (
 
 
 def _renderer(family: str) -> ChatTemplateRenderer:
-    folder = SHARED_TEMPLATES / family
+    folder = TEMPLATE_FIXTURES / family
     special = json.loads((folder / "special_tokens.json").read_text(encoding="utf-8"))
     named = {k: v for k, v in special.items() if k.endswith("_token") and isinstance(v, str)}
     return ChatTemplateRenderer((folder / "chat_template.jinja").read_text(encoding="utf-8"), named,
@@ -92,8 +93,8 @@ def _segments(events: list[Event]) -> list[tuple[str, Any]]:
 
 
 def _cases() -> list[Any]:
-    if not SHARED_TEMPLATES.is_dir():
-        return [pytest.param(None, marks=pytest.mark.skip(reason=f"{SHARED_TEMPLATES} is absent"))]
+    if not TEMPLATE_FIXTURES.is_dir():
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"{TEMPLATE_FIXTURES} is absent"))]
     return [pytest.param(f, id=f) for f in sorted(PARSERS)]
 
 
@@ -107,10 +108,13 @@ def test_rendered_assistant_turn_parses_back_to_the_same_segments(family: str) -
     if common.rfind("<") > common.rfind(">"):
         common = common[: common.rfind("<")]  # never split a marker between prompt and turn
     assistant = full[len(common):]
-    special = json.loads((SHARED_TEMPLATES / family / "special_tokens.json").read_text(encoding="utf-8"))
+    special = json.loads((TEMPLATE_FIXTURES / family / "special_tokens.json").read_text(encoding="utf-8"))
     ends = (*END_OF_TURN, special.get("eos_token") or END_OF_TURN[0])
     cut = min((i for i in (assistant.find(m) for m in ends) if i >= 0), default=len(assistant))
     reasoning_name, tool_name = PARSERS[family]
+    fmt = REASONING_FORMATS.get(reasoning_name)
+    if fmt is not None and fmt.forced and not any(e in assistant for e in fmt.ends):
+        common += fmt.starts[0] + fmt.ends[0]  # a forced family's turn without a block had thinking off
     events = _parse(reasoning_name, tool_name, common, assistant[:cut])
     expected: list[tuple[str, Any]] = [("tool_call", ("Bash", {"command": "find src -name '*.py' | wc -l",
                                                                  "timeout": 30}))]

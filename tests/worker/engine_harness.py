@@ -12,19 +12,41 @@ from typing import Any
 import pytest
 
 from services.common.model_dir import ModelDir, load_model_dir
+from services.kvcore.config import BatchingConfig
 from services.kvcore.timing import TimingModel
 from services.kvcore.tokens import FillerVocabulary
 from services.worker.engine import Engine, EngineOutput, EngineRequest, KvCleared, KvEvent, KvRemoved, KvStored
 from services.worker.mocker import MockerConfig, MockerEngine
-from services.worker.trtllm import TrtllmApi, TrtllmEngine
-from tests.worker.fake_trtllm import FakeLLM, SamplingParams
+from services.worker.settings import TrtllmSettings
+from services.worker.trtllm import TrtllmEngine, load_llm
+from tests.worker.fake_trtllm import FakeLLM, fake_module
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+# The README's test command installs no PyTorch (from PyPI it is the CUDA build, gigabytes); .ci/run adds the CPU build.
+TORCH_MISSING = ("PyTorch is not installed: the torch engine's tests need its CPU build "
+                 "(pip install torch --index-url https://download.pytorch.org/whl/cpu; .ci/run installs it)")
+
+
+def cuda_missing() -> str:
+    """Why the torch engine cannot run on CUDA here ("" when it can); printed as the skip reason."""
+    if not HAS_TORCH:
+        return TORCH_MISSING
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"no CUDA GPU visible to PyTorch {torch.__version__} (torch.cuda.is_available() is False)"
+    return ""
+
+
+CUDA_MISSING = cuda_missing()
 ENGINE_KINDS = [
     "mocker",
-    pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH, reason="the torch extra is not installed")),
+    pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH, reason=TORCH_MISSING)),
+    pytest.param("torch-cuda", marks=pytest.mark.skipif(bool(CUDA_MISSING), reason=f"torch on cuda: {CUDA_MISSING}")),
     "trtllm-fake",
 ]
+TRTLLM_OPTIONS = TrtllmSettings(tensor_parallel_size=1, free_gpu_memory_fraction=0.9, event_buffer_max_size=1024,
+                                dtype="auto")
 
 
 @dataclass
@@ -67,19 +89,22 @@ async def build(kind: str, model_path: Path, runners: dict[str, Any], *, num_blo
                                            max_tokens_default=max_tokens_default,
                                            timing=TimingModel(speedup=1000.0)), model)
         real = lambda: set(engine.blocks.lru_order())  # noqa: E731 (all full blocks are inactive when idle)
-    elif kind == "torch":
+    elif kind in ("torch", "torch-cuda"):
         from services.worker.torch_engine import ModelRunner, TorchConfig, TorchEngine
 
-        if "torch" not in runners:
-            runners["torch"] = ModelRunner(model_path)
+        if kind not in runners:
+            runners[kind] = ModelRunner(model_path, device="cuda" if kind == "torch-cuda" else "cpu")
         engine = TorchEngine(TorchConfig(block_size=block_size, num_blocks=num_blocks,
-                                         max_tokens_default=max_tokens_default), model, runners["torch"])
+                                         max_tokens_default=max_tokens_default), model, runners[kind])
         real = engine.cached_block_hashes
     else:
-        llm = FakeLLM(FillerVocabulary(model.tokenizer).words, tokens_per_block=block_size, num_blocks=num_blocks)
-        engine = TrtllmEngine(TrtllmApi(llm, SamplingParams), model, block_size=block_size, num_blocks=num_blocks,
-                              max_tokens_default=max_tokens_default, poll_interval=0.001, max_poll_interval=0.005)
-        real = llm.cached_sequence_hashes
+        batching = BatchingConfig(block_size=block_size, num_blocks=num_blocks, max_tokens_default=max_tokens_default)
+        api = load_llm(model, TRTLLM_OPTIONS, batching,
+                       fake_module(FillerVocabulary(model.tokenizer).words, num_blocks=num_blocks))
+        engine = TrtllmEngine(api, model, num_blocks=num_blocks, max_tokens_default=max_tokens_default,
+                              poll_interval=0.001, max_poll_interval=0.005)
+        assert isinstance(api.llm, FakeLLM)
+        real = api.llm.cached_sequence_hashes
     assert isinstance(engine, Engine)
     events: list[KvEvent] = []
     subscription = engine.kv_events()

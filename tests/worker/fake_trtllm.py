@@ -3,36 +3,64 @@
 Modelled on TensorRT-LLM's documented objects: ``LLM.generate_async(prompt_token_ids, sampling_params,
 streaming=True)`` returns a ``RequestOutput`` that is async-iterable, one item per executor iteration,
 ``outputs[0].token_ids_diff`` holding that iteration's new tokens and ``finish_reason`` in
-``stop | length | cancelled``; ``abort()`` cancels it. Stop token ids end a request without being
-emitted. ``get_kv_cache_events_async`` / ``get_stats_async`` drain dicts shaped like
+``stop | length | cancelled``; ``abort()`` cancels it. Stop token ids and ``end_id`` end a request without
+being emitted. ``get_kv_cache_events_async`` / ``get_stats_async`` drain dicts shaped like
 ``KVCacheEventSerializer`` / iteration stats. The KV cache reuses full blocks by prefix (radix lookup by
 (parent hash, tokens)), evicts unreferenced blocks LRU, stores a request's last *partial* block when
 it ends, and — as a variable sliding-window model would — mirrors every event for a second, smaller
 attention window with different block hashes. Engine block hashes are unrelated to ours.
 Generation is deterministic: the next token is a hash of the context, drawn from plain words.
+
+Where the real library refuses or misbehaves, so does the fake (issue 17; each place names the
+TensorRT-LLM source it mirrors, 1.x line):
+
+* ``SamplingParams`` validates like ``tensorrt_llm/sampling_params.py`` (``_validate``), and a negative
+  seed fails like the executor bindings' unsigned 64-bit ``SamplingConfig`` seed.
+* A prompt longer than ``max_num_tokens`` is refused unless ``enable_chunked_prefill``
+  (``tensorrt_llm/llmapi/llm.py``, ``_check_arguments``; default ``max_num_tokens`` 8,192 in
+  ``tensorrt_llm/llmapi/llm_args.py``).
+* The KV-event and stats queues exist only from the first ``generate_async``
+  (``tensorrt_llm/executor/executor.py``, ``_maybe_initialize_iteration_results``): before it
+  ``get_kv_cache_events_async`` fails its assertion and ``get_stats_async`` prints raw text to stderr;
+  after it an empty queue polled with ``timeout=0`` raises ``asyncio.QueueEmpty``
+  (``tensorrt_llm/llmapi/utils.py``, ``AsyncQueue.get``).
+* No iteration stats without ``enable_iter_perf_stats`` (``tensorrt_llm/llmapi/llm_args.py``, default off).
+* ``KvCacheConfig.tokens_per_block`` defaults to 32 (``llm_args.py``); ``forced_tokens_per_block`` plays an
+  attention backend that runs with another size than asked, visible in ``llm.args.kv_cache_config`` and
+  in the stats' ``tokensPerBlock``.
+* Without ``skip_tokenizer_init`` the fake loads "the model's tokenizer" (``tokenizer_loads=False``: it
+  cannot, and ``ModelLoader.load_hf_tokenizer`` then yields ``None``); a request without ``end_id`` and no
+  tokenizer fails (``llm.py``, ``_prepare_sampling_params``).
+* ``cached_tokens``: ``"engine"`` reports the reused prefix, ``"absent"`` has no such attribute (releases
+  without it), ``"whole"`` reports the whole prompt (an implausible figure).
 """
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import sys
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import xxhash
 
 from services.common.block_hash import sequence_hashes
+from services.worker.trtllm.api import TrtllmModule
 
 PRIORITY = 35
 SWA_XOR = 0x5A5A_5A5A_5A5A_5A5A
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SamplingParams:
-    """``tensorrt_llm.SamplingParams`` (the fields the adapter sets)."""
+    """``tensorrt_llm.SamplingParams`` (the fields the adapter sets), validated as in ``sampling_params.py``."""
 
+    end_id: int | None = None
+    pad_id: int | None = None
     max_tokens: int = 32
     temperature: float | None = None
     top_p: float | None = None
@@ -41,6 +69,53 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     detokenize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pad_id is None:
+            self.pad_id = self.end_id
+        # tensorrt_llm/sampling_params.py, SamplingParams._validate
+        if self.top_p is not None and (self.top_p < 0 or self.top_p > 1):
+            raise ValueError(f"require 0 <= top_p <= 1, got top_p={self.top_p}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"require top_k >= 0, got top_k={self.top_k}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"require temperature >= 0, got temperature={self.temperature}")
+
+
+@dataclass(kw_only=True)
+class KvCacheConfig:
+    """``tensorrt_llm.llmapi.KvCacheConfig`` (``tensorrt_llm/llmapi/llm_args.py``; the fields the adapter sets)."""
+
+    enable_block_reuse: bool = True
+    event_buffer_max_size: int = 0
+    free_gpu_memory_fraction: float | None = None
+    tokens_per_block: int = 32
+
+
+class _IterationResult:
+    """``tensorrt_llm.executor.result.IterationResult``: an async-iterable queue polled with a timeout."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Any] = deque()
+        self.timeout: float | None = 2
+
+    def __aiter__(self) -> _IterationResult:
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self.queue:
+            if self.timeout is None or self.timeout > 0:
+                await asyncio.sleep(self.timeout or 0)
+                if not self.queue:
+                    raise TimeoutError
+            else:
+                raise asyncio.QueueEmpty  # tensorrt_llm/llmapi/utils.py, AsyncQueue.get with timeout <= 0
+        return self.queue.popleft()
+
+
+async def _empty() -> AsyncIterator[Any]:
+    return
+    yield
 
 
 @dataclass
@@ -68,7 +143,8 @@ class RequestOutput:
         self.sampling_params = params
         self.outputs = [CompletionOutput(0)]
         self.finished = False
-        self.cached_tokens = 0
+        if llm.cached_tokens_mode != "absent":
+            self.cached_tokens = 0
         self._responses: asyncio.Queue[tuple[list[int], str | None]] = asyncio.Queue()
         self.abort_requested = False
 
@@ -110,19 +186,37 @@ class _Seq:
 
 
 class FakeLLM:
-    """``tensorrt_llm.LLM`` (see module docstring)."""
+    """``tensorrt_llm.LLM`` (see module docstring): the LLM's own keyword arguments, then the fake's knobs."""
 
-    def __init__(self, vocab: Sequence[int], *, tokens_per_block: int = 16, num_blocks: int = 512,
-                 windows: tuple[int, int] = (32768, 64)) -> None:
+    def __init__(self, vocab: Sequence[int], *, model: str = "", kv_cache_config: KvCacheConfig | None = None,
+                 max_num_tokens: int = 8192, enable_chunked_prefill: bool = False,
+                 enable_iter_perf_stats: bool = False, skip_tokenizer_init: bool = False,
+                 num_blocks: int = 512, windows: tuple[int, int] = (32768, 64), tokenizer_loads: bool = True,
+                 eos_token_id: int = 2, forced_tokens_per_block: int | None = None,
+                 cached_tokens: str = "engine", **llm_kwargs: Any) -> None:
+        config = kv_cache_config if kv_cache_config is not None else KvCacheConfig()
         self.vocab = list(vocab)
-        self.bs = tokens_per_block
+        self.bs = forced_tokens_per_block or config.tokens_per_block
+        self.args = SimpleNamespace(
+            model=model, max_num_tokens=max_num_tokens, enable_chunked_prefill=enable_chunked_prefill,
+            enable_iter_perf_stats=enable_iter_perf_stats, skip_tokenizer_init=skip_tokenizer_init,
+            kv_cache_config=KvCacheConfig(enable_block_reuse=config.enable_block_reuse,
+                                          event_buffer_max_size=config.event_buffer_max_size,
+                                          free_gpu_memory_fraction=config.free_gpu_memory_fraction,
+                                          tokens_per_block=self.bs), **llm_kwargs)
+        # llm.py, _try_load_tokenizer: None with skip_tokenizer_init, or when loading fails (a warning)
+        self.tokenizer = None if skip_tokenizer_init or not tokenizer_loads else SimpleNamespace(
+            eos_token_id=eos_token_id, pad_token_id=None)
+        self.cached_tokens_mode = cached_tokens
         self.num_blocks = num_blocks
         self.window, self.small_window = windows
         self._blocks: dict[tuple[int | None, tuple[int, ...]], _Block] = {}
         self._lru: OrderedDict[int, _Block] = OrderedDict()   # unreferenced, evictable (full and partial)
         self._partials: list[_Block] = []
-        self._events: deque[dict[str, Any]] = deque()
-        self._stats: deque[dict[str, Any]] = deque()
+        self._events: deque[dict[str, Any]] = deque()         # the engine's event buffer
+        self._kv_result: _IterationResult | None = None       # created by the first generate_async
+        self._stats_result: _IterationResult | None = None
+        self.early_polls = 0                                  # polls before the first request
         self._next_event = 0
         self._next_request = 1
         self._active: list[_Seq] = []
@@ -137,7 +231,19 @@ class FakeLLM:
     def generate_async(self, inputs: list[int], sampling_params: SamplingParams | None = None, *,
                        streaming: bool = False) -> RequestOutput:
         assert streaming, "the adapter streams"
-        result = RequestOutput(self, self._next_request, list(inputs), sampling_params or SamplingParams())
+        params = self._prepare_sampling_params(sampling_params)
+        # llm.py, _check_arguments (PyTorch backend)
+        if not self.args.enable_chunked_prefill and len(inputs) > self.args.max_num_tokens:
+            raise ValueError(f"The sum of prompt length ({float(len(inputs))}), query length (0) should not exceed "
+                             f"max_num_tokens ({self.args.max_num_tokens})")
+        if params.seed is not None and not 0 <= params.seed < 1 << 64:
+            # sampling_params.py, _get_sampling_config -> tllme.SamplingConfig(seed=...): an unsigned 64-bit int
+            raise TypeError("__init__(): incompatible constructor arguments (seed must be an unsigned 64-bit int)")
+        # executor.py, _maybe_initialize_iteration_results: the queues exist from the first request on
+        if self._kv_result is None:
+            self._kv_result = _IterationResult()
+            self._stats_result = _IterationResult()
+        result = RequestOutput(self, self._next_request, list(inputs), params)
         self._next_request += 1
         self._active.append(_Seq(result, list(inputs)))
         if self._task is None:
@@ -145,17 +251,41 @@ class FakeLLM:
         self._wake.set()
         return result
 
-    async def get_kv_cache_events_async(self, timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+    def get_kv_cache_events_async(self, timeout: float | None = 2) -> AsyncIterator[dict[str, Any]]:
+        if self._kv_result is None:
+            self.early_polls += 1
+        # executor.py, GenerationExecutor.aget_kv_events
+        assert self._kv_result is not None, "KV Event IterationResult is not properly instantiated."
         while self._events:
-            yield self._events.popleft()
+            self._kv_result.queue.append(self._events.popleft())
+        self._kv_result.timeout = timeout
+        return self._kv_result
 
-    async def get_stats_async(self, timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
-        while self._stats:
-            yield self._stats.popleft()
+    def get_stats_async(self, timeout: float | None = 2) -> AsyncIterator[Any]:
+        if self._stats_result is None:
+            self.early_polls += 1
+            # executor.py, GenerationExecutor.aget_stats: print_colored, then an empty iterable
+            sys.stderr.write("\x1b[33mIteration statistics are not available yet. To collect runtime statistics, "
+                             "please call get_stats_async() in async coroutine or the /metrics endpoint (if "
+                             "you're using trtllm-serve) AFTER prompts have been submitted.\n\x1b[0m")
+            return _empty()
+        self._stats_result.timeout = timeout
+        return self._stats_result
 
     def shutdown(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+    def _prepare_sampling_params(self, params: SamplingParams | None) -> SamplingParams:
+        """llm.py, _prepare_sampling_params: ``end_id`` from the tokenizer when the request has none."""
+        params = params if params is not None else SamplingParams()
+        if params.end_id is None:
+            if self.tokenizer is None:
+                raise ValueError("tokenizer is required to reset end_id if it is None, or you can explicitly "
+                                 "specify the end_id for sampling_params")
+            params.end_id = self.tokenizer.eos_token_id
+            params.pad_id = self.tokenizer.pad_token_id or params.end_id
+        return params
 
     # -- test helpers ---------------------------------------------------------------------------
 
@@ -181,9 +311,11 @@ class FakeLLM:
                     self._finish(seq, [], "cancelled")
                 else:
                     self._step(seq)
-            self._stats.append({"iter": self.iterations, "numActiveRequests": len(self._active), "kvCacheStats": {
-                "usedNumBlocks": self.used_blocks, "maxNumBlocks": self.num_blocks, "tokensPerBlock": self.bs,
-                "freeNumBlocks": self.num_blocks - self.used_blocks}})
+            if self.args.enable_iter_perf_stats and self._stats_result is not None:  # llm_args.py: off by default
+                self._stats_result.queue.append({
+                    "iter": self.iterations, "numActiveRequests": len(self._active), "kvCacheStats": {
+                        "usedNumBlocks": self.used_blocks, "maxNumBlocks": self.num_blocks, "tokensPerBlock": self.bs,
+                        "freeNumBlocks": self.num_blocks - self.used_blocks}})
 
     def _step(self, seq: _Seq) -> None:
         params = seq.result.sampling_params
@@ -202,11 +334,14 @@ class FakeLLM:
                            self.window)
                 seq.blocks.append(block)
                 parent = block.engine_hash
-            seq.result.cached_tokens = len(seq.blocks) * self.bs
+            if self.cached_tokens_mode == "engine":
+                seq.result.cached_tokens = len(seq.blocks) * self.bs
+            elif self.cached_tokens_mode == "whole":
+                seq.result.cached_tokens = len(seq.tokens)
             self._seal_full(seq)
         generated = seq.result.outputs[0].token_ids
         token = self._next_token(seq.tokens)
-        if token in (params.stop_token_ids or []):
+        if token in (params.stop_token_ids or []) or (token == params.end_id and not params.ignore_eos):
             self._finish(seq, [], "stop")
             return
         seq.tokens.append(token)
@@ -288,3 +423,12 @@ class FakeLLM:
         self._events.append({"event_id": self._next_event, "data": data, "window_size": window,
                              "attention_dp_rank": 0})
         self._next_event += 1
+
+
+def fake_module(vocab: Sequence[int], **knobs: Any) -> TrtllmModule:
+    """A :class:`TrtllmModule` whose ``LLM`` is :class:`FakeLLM` over ``vocab`` with the fake's ``knobs``."""
+
+    def llm(**kwargs: Any) -> FakeLLM:
+        return FakeLLM(vocab, **knobs, **kwargs)
+
+    return TrtllmModule(llm, SamplingParams, KvCacheConfig)

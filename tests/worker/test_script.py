@@ -16,6 +16,14 @@ def test_first_matching_line_wins(tmp_path: Path) -> None:
     assert Script.parse('{"match": "x", "completion": "y"}').lookup("z") is None
 
 
+def test_any_message_since_the_last_assistant_matches_but_no_match_spans_two() -> None:
+    """``match_text`` holds every user/tool message since the last assistant turn, ``\x1e``-separated."""
+    script = Script.parse('{"match": "exit code 0", "completion": "done"}\n{"match": "0\\nok", "completion": "x"}')
+    openclaw_turn = "exit code 0\x1e[runtime context] cwd=/w"   # tool result, then the harness's own user message
+    assert script.lookup(openclaw_turn).completion == "done"  # type: ignore[union-attr]
+    assert Script.parse('{"match": "0ok", "completion": "x"}').lookup("code 0\x1eok") is None
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [

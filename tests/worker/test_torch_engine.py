@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.worker.engine_harness import TORCH_MISSING
+
+pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import torch
 

@@ -15,9 +15,10 @@ from services.worker.engine import EngineRequest, KvCleared, KvRemoved, KvStored
 from services.worker.registry import build_engine
 from services.worker.settings import WorkerSettings
 from services.worker.trtllm import INSTALL_HINT, KvEventNormaliser, TrtllmApi, TrtllmEngine
+from services.worker.trtllm.api import special_ids
 from services.worker.trtllm.events import to_signed_i64
 from tests.worker.engine_harness import collect
-from tests.worker.fake_trtllm import FakeLLM, SamplingParams
+from tests.worker.fake_trtllm import FakeLLM, KvCacheConfig, SamplingParams
 
 BS = 4
 
@@ -88,15 +89,18 @@ async def test_sampling_params_are_mapped() -> None:
         seen.append(kw)
         return SamplingParams(**kw)
 
-    llm = FakeLLM(FillerVocabulary(model.tokenizer).words, tokens_per_block=16)
-    engine = TrtllmEngine(TrtllmApi(llm, params), model, block_size=16, num_blocks=64)
+    llm = FakeLLM(FillerVocabulary(model.tokenizer).words, kv_cache_config=KvCacheConfig(tokens_per_block=16))
+    end_id, pad_id = special_ids(model)
+    assert end_id is not None and pad_id is not None
+    engine = TrtllmEngine(TrtllmApi(llm, params, 16, end_id, pad_id), model, num_blocks=64)
     await engine.start()
     try:
         await collect(engine, EngineRequest("m", list(range(300, 340)), max_tokens=3, temperature=0.7, top_p=0.9,
                                             top_k=20, seed=5, stop_token_ids=[11]))
     finally:
         await engine.close()
-    assert seen == [{"max_tokens": 3, "stop_token_ids": sorted({11, *model.eos_token_ids}), "ignore_eos": False,
+    assert seen == [{"max_tokens": 3, "end_id": end_id, "pad_id": pad_id,
+                     "stop_token_ids": sorted({11, *model.eos_token_ids} - {end_id}), "ignore_eos": False,
                      "detokenize": False, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 5}]
     assert engine.info().total_blocks == 512  # from the engine's "created" event, not the setting
 

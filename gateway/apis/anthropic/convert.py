@@ -8,7 +8,10 @@ Mapping:
 - ``role: "system"`` messages inside ``messages`` stay where they are (Claude Code puts one at
   ``messages[1]`` and keeps it there), so the rendered prefix only ever grows.
 - assistant blocks -> ordered parts: ``thinking`` -> reasoning, ``text`` -> text, ``tool_use`` -> tool
-  call (arguments as JSON text); ``redacted_thinking`` has nothing readable and is not rendered.
+  call (arguments as JSON text); ``redacted_thinking`` has nothing readable and is not rendered. A turn
+  without text blocks has content "" (``canonical.with_content``; docs/conversation-mapping.md).
+- tool-use ids: the ``toolu_X`` ids we hand out are the mesh's ``call_X`` again (``tool_use.id`` and
+  ``tool_use_id`` alike, ``encode.mesh_call_id``); other ids are kept as sent.
 - user ``tool_result`` blocks -> ``tool`` messages in order (``is_error`` kept); user text between them
   -> user messages. Images and documents are a 400: no model behind this gateway reads them.
 - ``thinking`` -> ``enable_thinking`` (+ ``thinking_budget``), ``output_config.effort`` ->
@@ -22,6 +25,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from gateway.apis.anthropic.encode import mesh_call_id
 from gateway.apis.anthropic.models import (
     ContextManagement,
     CountTokensRequest,
@@ -36,7 +40,7 @@ from gateway.apis.anthropic.models import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from gateway.apis.canonical import identity_and_hints, sampling_params
+from gateway.apis.canonical import identity_and_hints, sampling_params, with_content
 from services.api import chat_pb2, common_pb2
 from services.common.errors import InvalidRequestError
 
@@ -80,8 +84,8 @@ def _assistant(msg: Message, i: int, keep_thinking: bool) -> chat_pb2.Message:
                 out.parts.append(chat_pb2.Part(reasoning=block.thinking))
         elif isinstance(block, ToolUseBlock):
             args = json.dumps(block.input, ensure_ascii=False)
-            out.parts.append(chat_pb2.Part(tool_call=chat_pb2.ToolCall(id=block.id, name=block.name,
-                                                                        arguments_json=args)))
+            call = chat_pb2.ToolCall(id=mesh_call_id(block.id), name=block.name, arguments_json=args)
+            out.parts.append(chat_pb2.Part(tool_call=call))
         elif isinstance(block, RedactedThinkingBlock):
             continue
         elif isinstance(block, ImageBlock):
@@ -89,7 +93,7 @@ def _assistant(msg: Message, i: int, keep_thinking: bool) -> chat_pb2.Message:
         else:
             raise InvalidRequestError(f"{param}.type: {block.type!r} is not allowed in assistant messages",
                                       param=f"{param}.type")
-    return out
+    return with_content(out)
 
 
 def _user(msg: Message, i: int, tool_names: Mapping[str, str]) -> Iterator[chat_pb2.Message]:
@@ -117,8 +121,9 @@ def _user(msg: Message, i: int, tool_names: Mapping[str, str]) -> Iterator[chat_
 
 
 def _tool_result(block: ToolResultBlock, param: str, tool_names: Mapping[str, str]) -> chat_pb2.Message:
-    out = chat_pb2.Message(role="tool", tool_call_id=block.tool_use_id, is_error=block.is_error,
-                           name=tool_names.get(block.tool_use_id, ""))
+    call_id = mesh_call_id(block.tool_use_id)
+    out = chat_pb2.Message(role="tool", tool_call_id=call_id, is_error=block.is_error,
+                           name=tool_names.get(call_id, ""))
     content = block.content
     if content is None or isinstance(content, str):
         out.parts.append(chat_pb2.Part(text=content or ""))

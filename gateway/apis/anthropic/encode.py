@@ -62,6 +62,13 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_") if call_id.startswith("call_") else call_id
 
 
+def mesh_call_id(tool_use: str) -> str:
+    """The inverse of ``tool_use_id``, for ids the client sends back (``tool_use.id``, ``tool_use_id``):
+    ``toolu_X`` is the mesh's ``call_X`` again, so the conversation holds the ids the other APIs would
+    (same prompt, same cache) and a tool result finds the call we dispatched (``harness.tool`` span)."""
+    return "call_" + tool_use.removeprefix("toolu_") if tool_use.startswith("toolu_") else tool_use
+
+
 @dataclass
 class _Block:
     kind: str  # thinking | text | tool_use

@@ -21,10 +21,9 @@ from services.api import chat_pb2
 from services.common.errors import InvalidRequestError
 
 
-def _content_text(content: str | list[ContentPart] | None, param: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
+def _content_text(content: str | list[ContentPart] | None, param: str) -> str | None:
+    """The message's content as text: None when the client sent none (null or absent), parts joined in order."""
+    if content is None or isinstance(content, str):
         return content
     texts = []
     for j, part in enumerate(content):
@@ -37,26 +36,25 @@ def _content_text(content: str | list[ContentPart] | None, param: str) -> str:
 
 
 def convert_message(msg: ChatMessage, i: int) -> chat_pb2.Message:
-    """One OpenAI message as a canonical message with ordered parts."""
+    """One OpenAI message as a canonical message with ordered parts.
+
+    What a template can observe is kept (docs/conversation-mapping.md): content "" is a text part "",
+    null or absent content is no text part; likewise reasoning; a tool call's id is the client's (none: none).
+    """
     param = f"messages[{i}]"
     out = chat_pb2.Message(role=msg.role)
     text = _content_text(msg.content, f"{param}.content")
     if msg.role == "assistant":
-        reasoning = msg.reasoning_content or msg.reasoning
-        if reasoning:
+        reasoning = msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning
+        if reasoning is not None:
             out.parts.append(chat_pb2.Part(reasoning=reasoning))
-        if text:
+        if text is not None:
             out.parts.append(chat_pb2.Part(text=text))
-        for j, call in enumerate(msg.tool_calls or ()):
+        for call in msg.tool_calls or ():
             args = call.function.arguments
-            args_json = args if isinstance(args, str) else json.dumps(args)
-            out.parts.append(
-                chat_pb2.Part(
-                    tool_call=chat_pb2.ToolCall(
-                        id=call.id or f"call_{i}_{j}", name=call.function.name, arguments_json=args_json
-                    )
-                )
-            )
+            args_json = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            call_part = chat_pb2.ToolCall(id=call.id, name=call.function.name, arguments_json=args_json)
+            out.parts.append(chat_pb2.Part(tool_call=call_part))
         return out
     if msg.role == "tool":
         if not msg.tool_call_id:
@@ -64,7 +62,8 @@ def convert_message(msg: ChatMessage, i: int) -> chat_pb2.Message:
         out.tool_call_id = msg.tool_call_id
         if msg.name:
             out.name = msg.name
-    out.parts.append(chat_pb2.Part(text=text))
+    if text is not None:
+        out.parts.append(chat_pb2.Part(text=text))
     return out
 
 

@@ -2,7 +2,8 @@
 
 Items map onto the canonical conversation with ordered parts: consecutive assistant-side items
 (``reasoning``, ``function_call``, ``custom_tool_call``, assistant ``message``) become one
-assistant message whose parts keep their order; ``*_output`` items become ``tool`` messages.
+assistant message whose parts keep their order, with content "" when it has no text
+(docs/conversation-mapping.md); ``*_output`` items become ``tool`` messages.
 Tools the model cannot run (``web_search``, ``tool_search``, ...) and unknown item types are left
 out with a debug log, never a 400. Custom (freeform) tools reach the model as a function with one
 string argument ``input``; ``ToolTable`` maps the model's calls back to the right item type.
@@ -18,7 +19,13 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from gateway.apis.canonical import identity_and_hints, mode_tool_choice, named_tool_choice, sampling_params
+from gateway.apis.canonical import (
+    identity_and_hints,
+    mode_tool_choice,
+    named_tool_choice,
+    sampling_params,
+    with_content,
+)
 from gateway.apis.responses.errors import from_validation_error
 from gateway.apis.responses.models import (
     ContentPartIn,
@@ -139,8 +146,7 @@ class _Builder:
     def message(self, item: MessageItem, param: str) -> None:
         text = _text(item.content, f"{param}.content")
         if item.role == "assistant":
-            if text:
-                self._assistant().parts.append(chat_pb2.Part(text=text))
+            self._assistant().parts.append(chat_pb2.Part(text=text))
             return
         self.messages.append(chat_pb2.Message(role=item.role, parts=[chat_pb2.Part(text=text)]))
 
@@ -267,7 +273,7 @@ def chat_request(
     table = ToolTable()
     tools: list[chat_pb2.Tool] = []
     add_tools(body.tools or [], table, tools, "tools")
-    conversation = convert_input(body.input, history, table, tools)
+    conversation = [with_content(m) for m in convert_input(body.input, history, table, tools)]
     messages = list(conversation)
     if body.instructions:
         messages.insert(0, chat_pb2.Message(role="system", parts=[chat_pb2.Part(text=body.instructions)]))

@@ -21,8 +21,11 @@ class ReasoningFormat:
 
     ``inner``: whitespace the template writes right after the opener and right before the closer (not
     reasoning). ``separator``: what the template writes after the closer (not answer text). ``forced``:
-    the model starts inside reasoning without writing the opener (DeepSeek-R1, Step3). ``implicit_ends``:
-    markers that end reasoning without a closer and stay in the text (Kimi K2.5's tool section).
+    the model starts inside reasoning without writing the opener (DeepSeek-R1, MiniMax-M2, ...), so text
+    before the first closer is reasoning whatever the prompt says, unless the prompt ends with a closed
+    block (thinking switched off). ``implicit_ends``: markers that end reasoning without a closer and stay
+    in the text (Kimi K2.5's tool section). ``drop_stray_ends``: a closer met outside reasoning is markup
+    and is dropped (its text on both sides stays answer text); off for Granite, whose markers are prose.
     """
 
     starts: tuple[str, ...]
@@ -31,6 +34,7 @@ class ReasoningFormat:
     separator: str = "\n\n"
     forced: bool = False
     implicit_ends: tuple[str, ...] = ()
+    drop_stray_ends: bool = True
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -46,38 +50,50 @@ class ReasoningFormat:
         )
 
     def open_in(self, prompt: str) -> bool:
-        """True when ``prompt`` ends inside an open reasoning block (or the family always starts in one)."""
-        if self.forced:
-            return True
+        """True when generation after ``prompt`` starts inside reasoning.
+
+        The prompt left a block open (the template wrote the opener), or the family is forced and the
+        prompt does not end with a closed block (``<think>\\n\\n</think>\\n\\n``: thinking switched off).
+        """
         opened = max((prompt.rfind(s) for s in self.starts), default=-1)
         closed = max((prompt.rfind(e) for e in self.ends), default=-1)
-        return opened >= 0 and opened > closed
+        if opened > closed:
+            return True
+        return self.forced and not self.closed_at_end(prompt)
+
+    def closed_at_end(self, prompt: str) -> bool:
+        """True when ``prompt`` ends (but for whitespace) with a closer: the template switched thinking off."""
+        tail = prompt.rstrip()
+        return any(tail.endswith(e) for e in self.ends)
 
 
 THINK = ReasoningFormat(starts=("<think>",), ends=("</think>",))
+FORCED_THINK = dataclasses.replace(THINK, forced=True)
 
-# Public names (Dynamo's and vLLM's) -> formats. Aliases share a row.
+# Public names (Dynamo's and vLLM's) -> formats. Aliases share a row. Which families are forced follows
+# Dynamo's ``force_reasoning`` and vLLM's parsers; docs/parsers.md records the audit and where we differ.
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "basic": THINK,
     "qwen3": THINK,
     # A tool-call section cannot be inside reasoning: it ends a forced block the model never closed.
-    "deepseek_r1": dataclasses.replace(THINK, forced=True, implicit_ends=("<｜tool▁calls▁begin｜>",)),  # noqa: RUF001
+    "deepseek_r1": dataclasses.replace(FORCED_THINK, implicit_ends=("<｜tool▁calls▁begin｜>",)),  # noqa: RUF001
     "deepseek_v3": THINK,
     "deepseek_v3_1": THINK,
     "nemotron_deci": THINK,
-    "nemotron_nano": THINK,
-    "nemotron3": THINK,
+    "nemotron_nano": FORCED_THINK,
+    "nemotron3": FORCED_THINK,
     "glm45": dataclasses.replace(THINK, inner="", separator=""),
     "kimi": ReasoningFormat(starts=("◁think▷",), ends=("◁/think▷",), inner="", separator=""),
-    "kimi_k25": dataclasses.replace(THINK, implicit_ends=("<|tool_calls_section_begin|>",)),
+    "kimi_k25": dataclasses.replace(FORCED_THINK, implicit_ends=("<|tool_calls_section_begin|>",)),
     "mistral": ReasoningFormat(starts=("[THINK]",), ends=("[/THINK]",), inner="", separator=""),
     "granite": ReasoningFormat(
         starts=("Here is my thought process:", "Here's my thought process:"),
         ends=("Here is my response:", "Here's my response:"),
         separator="\n",
+        drop_stray_ends=False,
     ),
-    "minimax_m2": THINK,
-    "step3": dataclasses.replace(THINK, forced=True),
+    "minimax_m2": dataclasses.replace(FORCED_THINK, implicit_ends=("<minimax:tool_call>",)),
+    "step3": FORCED_THINK,
 }
 
 
@@ -88,7 +104,8 @@ class TaggedReasoningParser:
     dropped. Half a marker at the end of the input is held back until the next delta (or ``finish``)
     resolves it. Several reasoning blocks per turn are allowed (reasoning interleaved with tool calls).
     A forced family that writes its opener anyway has it dropped. Output truncated inside reasoning
-    ends as reasoning.
+    ends as reasoning. A closer outside reasoning is dropped (``drop_stray_ends``), never streamed as
+    answer text; the text before it was already streamed as answer text and stays so.
     """
 
     def __init__(self, fmt: ReasoningFormat, *, in_reasoning: bool = False, strip_inner: bool = True) -> None:
@@ -98,7 +115,9 @@ class TaggedReasoningParser:
         self._at_start = True           # nothing seen yet: a forced family's opener may still come
         self._strip_inner = in_reasoning and strip_inner and bool(fmt.inner)
         self._separator_left = ""
-        self._end_hold = tuple(fmt.inner + e for e in fmt.ends) + fmt.ends + fmt.implicit_ends
+        closers = (*fmt.ends, *fmt.implicit_ends)
+        self._end_hold = tuple(fmt.inner + e for e in closers) + closers
+        self._text_marks = fmt.starts + (fmt.ends if fmt.drop_stray_ends else ())
 
     @classmethod
     def for_prompt(cls, fmt: ReasoningFormat, prompt: str, marker: Callable[[str], str] = str) -> TaggedReasoningParser:
@@ -164,14 +183,16 @@ class TaggedReasoningParser:
                 if not self._buf and not final:
                     break
                 self._separator_left = ""
-            at, start = find_first(self._buf, fmt.starts)
+            at, mark = find_first(self._buf, self._text_marks)
             if at >= 0:
                 self._emit(TextDelta, self._buf[:at], events)
-                self._buf = self._buf[at + len(start):]
+                self._buf = self._buf[at + len(mark):]
+                if mark in fmt.ends:    # a stray closer: markup, dropped; no block opens
+                    continue
                 self._in_reasoning = True
                 self._strip_inner = bool(fmt.inner)
                 continue
-            hold = 0 if final else partial_marker_len(self._buf, *fmt.starts)
+            hold = 0 if final else partial_marker_len(self._buf, *self._text_marks)
             self._emit(TextDelta, self._buf[: len(self._buf) - hold], events)
             self._buf = self._buf[len(self._buf) - hold:]
             break
@@ -184,10 +205,11 @@ class TaggedReasoningParser:
 
 
 class AppendThinkParser:
-    """``minimax_append_think``: no reasoning split; the answer text gets the prompt's open ``<think>`` back.
+    """``minimax_append_think``: no reasoning split; the answer text gets the ``<think>`` the model skipped.
 
-    For clients that parse ``<think>`` themselves: everything is text, prefixed with the opener the
-    prompt already wrote (so the client sees a whole block).
+    For clients that parse ``<think>`` themselves: everything is text, prefixed with the opener (so the
+    client sees a whole block), as vLLM's ``minimax_m2_append_think`` does whatever the prompt says;
+    only a prompt that switched thinking off (ends with a closed block) gets no opener.
     """
 
     def __init__(self, opener: str) -> None:
@@ -202,5 +224,8 @@ class AppendThinkParser:
 
 
 def append_think_opener(prompt: str) -> str:
-    """The opener ``minimax_append_think`` restores: ``<think>\\n`` when the prompt left one open."""
-    return "<think>\n" if THINK.open_in(prompt) else ""
+    """The opener ``minimax_append_think`` restores: the prompt's ``<think>\\n`` when it left one open,
+    ``<think>`` when it wrote none (the model starts in reasoning), nothing when it closed the block."""
+    if THINK.open_in(prompt):
+        return "<think>\n"
+    return "" if THINK.closed_at_end(prompt) else "<think>"

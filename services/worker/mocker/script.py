@@ -2,8 +2,11 @@
 
 Script file (``--script FILE``): JSON lines ``{"match": "...", "completion": "..."}``. The first line
 whose ``match`` is a substring of the request's ``match_text`` wins (an empty ``match`` matches
-everything, so it works as a default). ``completion`` is raw model text, tokenized with the
-model's tokenizer and followed by EOS. Blank lines and lines starting with ``#`` are skipped.
+everything, so it works as a default). ``match_text`` is every user and tool message since the last
+assistant message, separated by ``\x1e`` (so a ``match`` never spans two messages): a harness that
+appends its own user message after the tool results (OpenClaw) still gets the tool results' line.
+``completion`` is raw model text, tokenized with the model's tokenizer and followed by EOS. Blank
+lines and lines starting with ``#`` are skipped.
 The filler text and the token source live in ``services.kvcore.tokens`` (the replay simulator uses them too).
 """
 

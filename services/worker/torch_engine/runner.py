@@ -1,9 +1,12 @@
-"""A Hugging Face causal LM on the CPU: forwards over a KV cache, and that cache cut into / built from blocks.
+"""A Hugging Face causal LM on the CPU or a GPU: forwards over a KV cache, and that cache cut into / built from blocks.
 
 Imports torch and transformers (the ``torch`` extra); only ``services.worker.torch_engine`` imports this.
 A request's KV lives in a contiguous ``transformers.DynamicCache`` while it runs; full blocks are
 copied out of it into the paged prefix cache (``kv_store.py``) and a later request's cached prefix
 is rebuilt from those copies with :meth:`ModelRunner.assemble`.
+
+``device`` (``--device``): the weights, the caches and the block copies live there; only each step's
+last logits come back to the CPU, where the sampler (and its per-request seeded generators) runs.
 """
 
 from __future__ import annotations
@@ -24,19 +27,23 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class ModelRunner:
-    """Loads ``path`` with ``AutoModelForCausalLM`` (any HF causal LM) and runs it without gradients."""
+    """Loads ``path`` with ``AutoModelForCausalLM`` (any HF causal LM) and runs it without gradients on ``device``."""
 
-    def __init__(self, path: str | Path, dtype: str = "float32", threads: int = 0) -> None:
+    def __init__(self, path: str | Path, dtype: str = "float32", threads: int = 0, device: str = "cpu") -> None:
         if threads > 0:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
             raise InvalidRequestError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise InvalidRequestError(f"--device {device}: PyTorch sees no CUDA GPU here (torch {torch.__version__})")
+        self.device = torch.device(device)
         try:
-            self.model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+            model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
         except (OSError, ValueError, KeyError) as exc:
             raise InvalidRequestError(
                 f"cannot load a causal LM from {str(path)!r} (config.json + weights, Hugging Face layout): {exc}"
             ) from exc
+        self.model: Any = model.to(self.device)
         self.model.requires_grad_(False)
         self.model.train(False)
         self.config: Any = self.model.config
@@ -48,11 +55,11 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], cache: Any, start: int) -> torch.Tensor:
         """Feed ``token_ids`` at positions ``start...`` after ``cache`` (extended in place); last logits."""
-        ids = torch.tensor([list(token_ids)], dtype=torch.long)
-        positions = torch.arange(start, start + len(token_ids), dtype=torch.long).unsqueeze(0)
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + len(token_ids), dtype=torch.long, device=self.device).unsqueeze(0)
         out = self.model(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True,
                          logits_to_keep=1)
-        logits: torch.Tensor = out.logits[0, -1].float()
+        logits: torch.Tensor = out.logits[0, -1].float().cpu()
         return logits
 
     @staticmethod

@@ -1,17 +1,26 @@
 """The TensorRT-LLM engine: our :class:`Engine` contract over TensorRT-LLM's LLM API.
 
 * ``generate`` submits the prompt's token ids with ``LLM.generate_async(..., streaming=True)`` and a
-  ``SamplingParams`` mapped from the request (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
-  ``seed``, ``ignore_eos``; EOS and ``stop_token_ids`` as ``stop_token_ids``; ``detokenize=False``).
+  ``SamplingParams`` mapped from the request by :func:`sampling_kwargs` (``max_tokens``, ``temperature``,
+  ``top_p``, ``top_k``, ``seed``, ``ignore_eos``; ``end_id`` / ``pad_id`` from our model directory, the
+  other EOS ids and ``stop_token_ids`` as ``stop_token_ids``; ``detokenize=False``).
   A per-request task reads each ``RequestOutput``: ``outputs[0].token_ids_diff`` (every token since
   the previous read) goes through the same :class:`RequestStream` as the torch engine's tokens, so
   stop strings, stop tokens and ``max_tokens`` behave identically on every engine; the engine's
   ``finish_reason`` ends the stream. Closing / cancelling the stream, a matched stop string and
   :meth:`abort` call ``RequestOutput.abort()``.
-* Cached prompt tokens come from ``RequestOutput.cached_tokens`` (0 when the release lacks it).
-* KV events: a task polls ``LLM.get_kv_cache_events_async`` (backing off while idle, as Dynamo does)
-  and translates them with :class:`KvEventNormaliser` (our content hashes, partial blocks and
-  sliding-window groups dropped). Load: ``LLM.get_stats_async`` iteration stats (``kvCacheStats``).
+* Cached prompt tokens: ``RequestOutput.cached_tokens`` when the release reports it and the figure is
+  plausible (``0 <= n < prompt``); otherwise our own KV accounting: the prompt's leading blocks that the
+  engine's events had published as held when the request was submitted (NVIDIA Dynamo also treats the
+  engine's field as unreliable).
+* KV events and stats: TensorRT-LLM creates its event and stats queues on the first request; polled
+  before that, every KV-event poll fails an assertion and every stats poll prints raw text to stdout /
+  stderr. So, as NVIDIA Dynamo's publisher does, polling starts after the first request's first output:
+  a task polls ``LLM.get_kv_cache_events_async(timeout=0)`` (``asyncio.QueueEmpty`` when nothing is
+  queued; backing off while idle) and translates the events with :class:`KvEventNormaliser` (our
+  content hashes; partial blocks, sliding-window groups and multimodal blocks dropped). Load:
+  ``LLM.get_stats_async`` iteration stats (``enable_iter_perf_stats``): ``kvCacheStats.usedNumBlocks`` is
+  ``active_blocks``; a ``tokensPerBlock`` other than ours stops new requests (``UNAVAILABLE``).
 """
 
 from __future__ import annotations
@@ -19,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
 
-from services.common.errors import InternalError, InvalidRequestError, as_mesh_error
+from services.common.block_hash import sequence_hashes
+from services.common.errors import InternalError, InvalidRequestError, UnavailableError, as_mesh_error
 from services.common.model_dir import ModelDir
 from services.kvcore.config import BatchingConfig
 from services.kvcore.outputs import CheckedRequest, RequestStream, check_request
@@ -37,6 +47,45 @@ log = structlog.get_logger()
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "cancelled": "cancelled",
                                     "timeout": "cancelled"}
+_U64 = (1 << 64) - 1
+
+
+def sampling_kwargs(checked: CheckedRequest, end_id: int, pad_id: int) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments for a request, in TensorRT-LLM's conventions.
+
+    TensorRT-LLM's ``SamplingParams._validate`` (``tensorrt_llm/sampling_params.py``) requires
+    ``0 <= top_p <= 1``, ``top_k >= 0`` and ``temperature >= 0``, and its seed is an unsigned 64-bit
+    integer. Mapped: ``top_k`` -1 or 0 (the OpenAI / vLLM spelling of "no top-k") is left unset, which is
+    TensorRT-LLM's "off"; a negative seed is its two's-complement unsigned value (distinct seeds stay
+    distinct). Refused before the request reaches the engine, as :class:`InvalidRequestError` (a 400 at
+    the edge): ``temperature < 0``, ``top_p`` outside [0, 1], ``top_k < -1``.
+    """
+    req = checked.request
+    kwargs: dict[str, Any] = {
+        "max_tokens": checked.max_tokens,
+        "end_id": end_id,
+        "pad_id": pad_id,
+        "stop_token_ids": sorted(checked.stop_ids - {end_id}) or None,
+        "ignore_eos": req.ignore_eos,
+        "detokenize": False,
+    }
+    if req.temperature is not None:
+        if not req.temperature >= 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {req.temperature}", param="temperature")
+        kwargs["temperature"] = req.temperature
+    if req.top_p is not None:
+        if not 0 <= req.top_p <= 1:
+            raise InvalidRequestError(f"top_p must be between 0 and 1, got {req.top_p}", param="top_p")
+        kwargs["top_p"] = req.top_p
+    if req.top_k is not None:
+        if req.top_k < -1:
+            raise InvalidRequestError(f"top_k must be -1 (off), 0 (off) or positive, got {req.top_k}",
+                                      param="top_k")
+        if req.top_k > 0:
+            kwargs["top_k"] = req.top_k
+    if req.seed is not None:
+        kwargs["seed"] = req.seed & _U64
+    return kwargs
 
 
 class TrtllmEngine:
@@ -49,7 +98,6 @@ class TrtllmEngine:
         api: TrtllmApi,
         model: ModelDir,
         *,
-        block_size: int,
         num_blocks: int,
         max_tokens_default: int = BatchingConfig.max_tokens_default,
         poll_interval: float = 0.005,
@@ -57,29 +105,37 @@ class TrtllmEngine:
     ) -> None:
         self.api = api
         self.model = model
-        self.block_size = block_size
+        self.block_size = api.block_size  # the engine's real one (load_llm read it back)
         self._num_blocks = num_blocks
         self.max_tokens_default = max_tokens_default
         self._poll = (poll_interval, max_poll_interval)
         self._feed = KvEventFeed()
-        self.normaliser = KvEventNormaliser(block_size)
+        self.normaliser = KvEventNormaliser(api.block_size)
         self._requests: dict[str, tuple[RequestStream, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._started = False
         self._kv_stats: dict[str, Any] = {}
+        self._refusal: str | None = None  # set when the engine turns out unusable (block size mismatch)
         self.steps = 0
 
     # -- Engine contract ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._started:
+        self._started = True  # polling starts with the first request's first output (module docstring)
+
+    @property
+    def polling(self) -> bool:
+        """Whether the KV-event and stats polls run (after the first request's first output)."""
+        return bool(self._tasks)
+
+    def _start_polling(self) -> None:
+        if self._tasks or self._closed:
             return
-        self._started = True
         self._tasks = [
             asyncio.create_task(self._poll_loop(self.api.llm.get_kv_cache_events_async, self._on_kv_event),
                                 name="trtllm-kv-events"),
-            asyncio.create_task(self._poll_loop(self._stats_source(), self._on_stats), name="trtllm-stats"),
+            asyncio.create_task(self._poll_loop(self.api.llm.get_stats_async, self._on_stats), name="trtllm-stats"),
         ]
 
     async def close(self) -> None:
@@ -127,21 +183,26 @@ class TrtllmEngine:
             total_blocks=self.total_blocks,
             block_size=self.block_size,
             steps=self.steps,
+            extra={f"kv_events_skipped_{reason}": float(n) for reason, n in self.normaliser.skipped.items()},
         )
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._closed or not self._started:
             raise InternalError("the engine is not running")
+        if self._refusal is not None:
+            raise UnavailableError(self._refusal)
         checked = check_request(request, self.model, capacity_tokens=self.total_blocks * self.block_size,
                                 max_tokens_default=self.max_tokens_default)
         request_id = checked.request.request_id
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
+        params = self.api.sampling_params(**sampling_kwargs(checked, self.api.end_id, self.api.pad_id))
+        ours = self._reused_prefix(checked.request.token_ids)
         stream = RequestStream(checked, self.model.tokenizer)
-        result = self.api.llm.generate_async(list(checked.request.token_ids),
-                                             sampling_params=self._sampling_params(checked), streaming=True)
+        result = self.api.llm.generate_async(list(checked.request.token_ids), sampling_params=params, streaming=True)
         self._requests[request_id] = (stream, result)
-        reader = asyncio.create_task(self._read(stream, result), name=f"trtllm-{request_id}")
+        reader = asyncio.create_task(self._read(stream, result, ours, len(checked.request.token_ids)),
+                                     name=f"trtllm-{request_id}")
         try:
             async for out in stream.outputs():
                 yield out
@@ -157,30 +218,29 @@ class TrtllmEngine:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _sampling_params(self, checked: CheckedRequest) -> Any:
-        req = checked.request
-        kwargs: dict[str, Any] = {
-            "max_tokens": checked.max_tokens,
-            "stop_token_ids": sorted(checked.stop_ids) or None,
-            "ignore_eos": req.ignore_eos,
-            "detokenize": False,
-        }
-        if req.temperature is not None:
-            kwargs["temperature"] = req.temperature
-        if req.top_p is not None:
-            kwargs["top_p"] = req.top_p
-        if req.top_k is not None:
-            kwargs["top_k"] = req.top_k
-        if req.seed is not None:
-            kwargs["seed"] = req.seed
-        return self.api.sampling_params(**kwargs)
+    def _reused_prefix(self, token_ids: Sequence[int]) -> int:
+        """Prompt tokens in leading blocks our KV accounting says the engine holds (one token always computed)."""
+        usable = (len(token_ids) - 1) // self.block_size
+        if usable <= 0 or not self.normaliser.published_any:
+            return 0
+        return self.normaliser.cached_prefix(sequence_hashes(token_ids[: usable * self.block_size],
+                                                             self.block_size)) * self.block_size
 
-    async def _read(self, stream: RequestStream, result: Any) -> None:
+    @staticmethod
+    def _cached_tokens(out: Any, prompt_tokens: int, ours: int) -> int:
+        """The engine's ``cached_tokens`` when present and plausible, else ``ours``."""
+        reported = getattr(out, "cached_tokens", None)
+        if isinstance(reported, int) and not isinstance(reported, bool) and 0 <= reported < prompt_tokens:
+            return reported
+        return ours
+
+    async def _read(self, stream: RequestStream, result: Any, ours: int, prompt_tokens: int) -> None:
         try:
             async for out in result:
                 self.steps += 1
+                self._start_polling()  # the engine's event and stats queues exist from now on
                 completion = out.outputs[0]
-                stream.prompt_done(int(getattr(out, "cached_tokens", 0) or 0))
+                stream.prompt_done(self._cached_tokens(out, prompt_tokens, ours))
                 for token in completion.token_ids_diff:
                     if stream.deliver(int(token)):
                         break
@@ -197,16 +257,6 @@ class TrtllmEngine:
         except Exception as exc:
             log.warning("worker.trtllm_request_failed", request_id=stream.request_id, error=str(exc))
             stream.fail(as_mesh_error(exc))
-
-    def _stats_source(self) -> Callable[..., AsyncIterator[Any]]:
-        get_stats = getattr(self.api.llm, "get_stats_async", None)
-        if get_stats is None:
-            async def nothing(timeout: float | None = None) -> AsyncIterator[Any]:
-                await asyncio.sleep(3600)
-                return
-                yield
-            return nothing
-        return get_stats  # type: ignore[no-any-return]
 
     async def _poll_loop(self, fetch: Callable[..., AsyncIterator[Any]], handle: Callable[[Any], None]) -> None:
         low, high = self._poll
@@ -238,3 +288,8 @@ class TrtllmEngine:
         kv = stat.get("kvCacheStats") if isinstance(stat, dict) else None
         if isinstance(kv, dict):
             self._kv_stats = kv
+            real = kv.get("tokensPerBlock")
+            if isinstance(real, int) and real != self.block_size and self._refusal is None:
+                self._refusal = (f"TensorRT-LLM's KV cache runs with {real} tokens per block, not {self.block_size}: "
+                                 f"restart the worker with --block-size {real}")
+                log.error("worker.trtllm_block_size_mismatch", engine_block_size=real, block_size=self.block_size)

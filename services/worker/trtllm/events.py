@@ -23,6 +23,11 @@ Normalisation, as NVIDIA Dynamo's TensorRT-LLM publisher does it:
   announce the windows; after them only events of the largest (global attention) window pass.
 * ``updated`` events (priority / cache level changes) carry nothing the router uses and are dropped;
   a ``created`` event after the initial ones means the cache was rebuilt: it becomes ``KvCleared``.
+* Multimodal stored events (the new KV cache manager's: a block's ``token_id`` is the hex digest of an
+  image or other item instead of an int, or the block carries ``mm_keys``) are skipped whole, as are the
+  blocks chained on them and their removals: our hashes are over text token ids, and an item's digest
+  would need the item's own routing identity to match another engine's. Each skipped stored event counts
+  in :attr:`KvEventNormaliser.skipped` (``multimodal``), exported as a worker metric.
 * Our event ids are consecutive from 1 (engine ids can skip because of the drops above).
 """
 
@@ -51,16 +56,33 @@ class KvEventNormaliser:
     def __init__(self, block_size: int, salt: str = "") -> None:
         self.block_size = block_size
         self._seed = seed_for(salt)
-        self._ours: dict[int, int] = {}        # engine block hash -> our sequence hash
-        self._partial: set[int] = set()        # engine hashes of partial blocks (never published)
+        self._ours: dict[int, int] = {}  # engine block hash -> our sequence hash
+        self._partial: set[int] = set()  # engine hashes of partial blocks (never published)
+        self._skipped: set[int] = set()  # engine hashes of multimodal blocks and their descendants
+        self._held: dict[int, int] = {}  # our hash -> how many engine blocks map to it
+        self.skipped: dict[str, int] = {"multimodal": 0}  # stored events skipped, by reason
         self._initial_created = True
         self.max_window: int | None = None
-        self.num_blocks: int | None = None     # GPU blocks, from the ``created`` event
+        self.num_blocks: int | None = None  # GPU blocks, from the ``created`` event
         self._next_id = 1
 
     def published(self) -> set[int]:
         """Our hashes of the blocks published as stored and not yet removed."""
-        return set(self._ours.values())
+        return set(self._held)
+
+    @property
+    def published_any(self) -> bool:
+        """Whether any block is published as held."""
+        return bool(self._held)
+
+    def cached_prefix(self, hashes: list[int]) -> int:
+        """How many of ``hashes`` (a prompt's chained block hashes, in order) are held, from the first."""
+        n = 0
+        for h in hashes:
+            if h not in self._held:
+                break
+            n += 1
+        return n
 
     def feed(self, event: Mapping[str, Any]) -> list[KvEvent]:
         """Our events for one engine event (often none)."""
@@ -93,11 +115,18 @@ class KvEventNormaliser:
         if window is not None and self.max_window is not None and window != self.max_window:
             return []
         self._ours.clear()
+        self._held.clear()
         self._partial.clear()
+        self._skipped.clear()
         return [KvCleared(self._event_id())]
 
     def _stored(self, data: Mapping[str, Any]) -> list[KvEvent]:
         engine_parent = data.get("parent_hash")
+        raw_blocks = data.get("blocks") or []
+        if engine_parent in self._skipped or any(_multimodal(block) for block in raw_blocks):
+            self.skipped["multimodal"] += 1
+            self._skipped.update(b["block_hash"] for b in raw_blocks if b.get("block_hash") is not None)
+            return []
         parent: int | None = None
         if engine_parent is not None:
             if engine_parent not in self._ours:
@@ -106,7 +135,7 @@ class KvEventNormaliser:
             parent = self._ours[engine_parent]
         blocks: list[StoredBlock] = []
         first_parent = parent
-        for block in data.get("blocks") or []:
+        for block in raw_blocks:
             engine_hash = block.get("block_hash")
             tokens = [int(t["token_id"]) for t in block.get("tokens") or []]
             if engine_hash is None:
@@ -119,7 +148,7 @@ class KvEventNormaliser:
                 break
             (local,) = local_block_hashes(tokens, self.block_size, self._seed)
             ours = chain(parent, local, self._seed)
-            self._ours[engine_hash] = ours
+            self._hold(engine_hash, ours)
             blocks.append(StoredBlock(ours, to_signed_i64(engine_hash), len(tokens)))
             parent = ours
         if not blocks:
@@ -129,17 +158,39 @@ class KvEventNormaliser:
     def _removed(self, data: Mapping[str, Any]) -> list[KvEvent]:
         removed: list[int] = []
         for engine_hash in data.get("block_hashes") or []:
-            if engine_hash in self._partial:
+            if engine_hash in self._partial or engine_hash in self._skipped:
                 self._partial.discard(engine_hash)
+                self._skipped.discard(engine_hash)
                 continue
             ours = self._ours.pop(engine_hash, None)
             if ours is not None:
                 removed.append(ours)
+                left = self._held[ours] - 1
+                if left:
+                    self._held[ours] = left
+                else:
+                    del self._held[ours]
         if not removed:
             return []
         return [KvRemoved(self._event_id(), tuple(removed))]
+
+    def _hold(self, engine_hash: int, ours: int) -> None:
+        previous = self._ours.get(engine_hash)
+        if previous == ours:
+            return  # the same block stored again: still one engine block
+        if previous is not None:
+            self._held[previous] -= 1
+            if not self._held[previous]:
+                del self._held[previous]
+        self._ours[engine_hash] = ours
+        self._held[ours] = self._held.get(ours, 0) + 1
 
     def _event_id(self) -> int:
         event_id = self._next_id
         self._next_id += 1
         return event_id
+
+
+def _multimodal(block: Mapping[str, Any]) -> bool:
+    """A block of the multimodal KV cache manager: a digest (hex string) as a token id, or ``mm_keys``."""
+    return bool(block.get("mm_keys")) or any(type(t.get("token_id")) is not int for t in block.get("tokens") or [])

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.apis.anthropic.convert import chat_request, strip_preamble
+from gateway.apis.anthropic.encode import tool_use_id
 from gateway.apis.anthropic.models import MessagesRequest
 from services.api import chat_pb2
 from services.common.errors import InvalidRequestError
@@ -132,3 +133,19 @@ def test_strip_default_and_header_override() -> None:
     assert strip_preamble({}, True) and not strip_preamble({}, False)
     assert not strip_preamble({"x-harnessmesh-strip-anthropic-preamble": "0"}, True)
     assert strip_preamble({"x-harnessmesh-strip-anthropic-preamble": "true"}, False)
+
+
+def test_toolu_ids_we_handed_out_round_trip_to_the_mesh_call_id() -> None:
+    """The encoder renames ``call_X`` to ``toolu_X``; what the client sends back is ``call_X`` again, for the
+    assistant's tool_use and its tool_result alike, so the prompt pairs them and matches the other APIs'."""
+    sent = tool_use_id("call_4f2a9c")
+    chat = convert({"messages": [
+        {"role": "user", "content": "run ls"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": sent, "name": "Bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": sent, "content": "a.txt"},
+                                     {"type": "tool_result", "tool_use_id": "own_id", "content": "x"}]},
+    ]})
+    assistant, result, other = chat.messages[1], chat.messages[2], chat.messages[3]
+    assert sent.startswith("toolu_") and assistant.parts[0].tool_call.id == "call_4f2a9c"
+    assert (result.role, result.tool_call_id, result.name) == ("tool", "call_4f2a9c", "Bash")
+    assert other.tool_call_id == "own_id"  # a client's own ids are kept

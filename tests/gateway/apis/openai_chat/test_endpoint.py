@@ -108,7 +108,7 @@ async def test_non_stream_aggregates(client: openai.AsyncOpenAI, fake: FakeParse
         batch(started(30, 8), reasoning("hmm")),
         batch(text("Let me check. "), call_start(0, "call_1", "get_weather"), call_args(0, '{"city":"Oslo"}')),
         batch(dispatch(0, "call_1", "get_weather", '{"city":"Oslo"}')),
-        batch(finish(common_pb2.FINISH_REASON_TOOL_CALLS), usage(30, 11, cached=8)),
+        batch(finish(common_pb2.FINISH_REASON_TOOL_CALLS), usage(30, 11, cached=8, reasoning_tokens=2)),
     ]
     completion = await client.chat.completions.create(model="demo", messages=MESSAGES)
     choice = completion.choices[0]
@@ -123,6 +123,8 @@ async def test_non_stream_aggregates(client: openai.AsyncOpenAI, fake: FakeParse
     assert completion.usage.total_tokens == 41
     assert completion.usage.prompt_tokens_details is not None
     assert completion.usage.prompt_tokens_details.cached_tokens == 8
+    assert completion.usage.completion_tokens_details is not None
+    assert completion.usage.completion_tokens_details.reasoning_tokens == 2
 
 
 async def test_non_stream_without_text_has_null_content(client: openai.AsyncOpenAI, fake: FakeParse) -> None:

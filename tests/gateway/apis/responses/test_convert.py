@@ -47,8 +47,9 @@ def test_assistant_side_items_merge_into_one_ordered_turn() -> None:
     ]
     msgs = convert({"input": items, "tools": [PATCH_TOOL]}).chat.messages
     assert [m.role for m in msgs] == ["developer", "user", "assistant", "tool", "assistant", "tool", "assistant"]
-    assert [p.WhichOneof("kind") for p in msgs[2].parts] == ["reasoning", "tool_call"]
-    assert msgs[2].parts[0].reasoning == "plan"
+    # A turn without a message item has content "" (docs/conversation-mapping.md), never no content.
+    assert [p.WhichOneof("kind") for p in msgs[2].parts] == ["reasoning", "tool_call", "text"]
+    assert msgs[2].parts[0].reasoning == "plan" and msgs[2].parts[2].text == ""
     assert msgs[3].tool_call_id == "c1" and msgs[3].name == "exec_command" and msgs[3].parts[0].text == "a.txt"
     assert msgs[4].parts[0].reasoning == "raw thoughts"  # our own encrypted_content round-trips the text
     assert json.loads(msgs[4].parts[1].tool_call.arguments_json) == {"input": "*** Begin Patch"}

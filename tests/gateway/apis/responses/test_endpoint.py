@@ -81,7 +81,7 @@ async def test_stream_tool_loop_with_previous_response_id(client: openai.AsyncOp
     roles = [m.role for m in fake.requests[-1].messages]
     assert roles == ["user", "assistant", "tool"]
     assistant = fake.requests[-1].messages[1]
-    assert [p.WhichOneof("kind") for p in assistant.parts] == ["reasoning", "tool_call"]
+    assert [p.WhichOneof("kind") for p in assistant.parts] == ["reasoning", "tool_call", "text"]  # content ""
     assert fake.requests[-1].messages[2].tool_call_id == "call_a"
     assert fake.requests[-1].messages[2].name == "get_weather"
 
