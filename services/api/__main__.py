@@ -10,26 +10,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO_ROOT = REPO / "proto"
+# Vendored third-party protos, each tree its own include root (sources and licences: its SOURCE.md); they
+# are generated into the same package, under file names that do not clash with ours.
+VENDORED_ROOTS = (PROTO_ROOT / "third_party" / "trtllm",)
 PACKAGE_DIR = Path("services") / "api"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 
 def generate(out_root: Path) -> list[Path]:
-    """Run protoc over every .proto file, writing generated modules under ``out_root``."""
+    """Run protoc over every .proto file (ours and the vendored ones), writing generated modules under ``out_root``."""
     from grpc_tools import protoc
 
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PACKAGE_DIR).glob("*.proto"))
-    args = [
-        "protoc",
-        f"-I{PROTO_ROOT}",
-        f"--python_out={out_root}",
-        f"--grpc_python_out={out_root}",
-        f"--mypy_out={out_root}",
-        f"--mypy_grpc_out={out_root}",
-        *protos,
-    ]
-    if protoc.main(args) != 0:
-        raise SystemExit("protoc failed")
+    for root in (PROTO_ROOT, *VENDORED_ROOTS):
+        protos = sorted(str(p.relative_to(root)) for p in (root / PACKAGE_DIR).glob("*.proto"))
+        args = [
+            "protoc",
+            f"-I{root}",
+            f"--python_out={out_root}",
+            f"--grpc_python_out={out_root}",
+            f"--mypy_out={out_root}",
+            f"--mypy_grpc_out={out_root}",
+            *protos,
+        ]
+        if protoc.main(args) != 0:
+            raise SystemExit("protoc failed")
     return sorted(p for p in (out_root / PACKAGE_DIR).iterdir() if p.name.endswith(SUFFIXES))
 
 

@@ -12,16 +12,22 @@ from collections.abc import Callable
 from services.common.errors import InvalidRequestError, UnavailableError
 from services.common.model_dir import ModelDir
 from services.worker.engine import Engine
-from services.worker.settings import MockerSettings, TorchSettings, TrtllmSettings, WorkerSettings
+from services.worker.settings import (
+    MockerSettings,
+    TorchSettings,
+    TrtllmGrpcSettings,
+    TrtllmSettings,
+    WorkerSettings,
+)
 
 
 def _mocker(settings: WorkerSettings, model: ModelDir) -> Engine:
     from services.worker.mocker import MockerConfig, MockerEngine
-    from services.worker.mocker.script import Script
+    from services.worker.mocker.script import script_for
 
     group = settings.mocker()
     config = MockerConfig(**vars(settings.batching()), seed=group.seed, timing=group.timing)
-    script = Script.load(group.script) if group.script else None
+    script = script_for(group.script, model.path)  # --script, else the model directory's own
     return MockerEngine(config, model, script)
 
 
@@ -48,10 +54,23 @@ def _trtllm(settings: WorkerSettings, model: ModelDir) -> Engine:
                         max_tokens_default=batching.max_tokens_default)
 
 
+def _trtllm_grpc(settings: WorkerSettings, model: ModelDir) -> Engine:
+    from services.worker.trtllm_grpc import TrtllmGrpcClient, TrtllmGrpcEngine
+
+    if not settings.model:
+        raise InvalidRequestError("--engine trtllm-grpc needs --model DIR: the same checkpoint trtllm-serve runs "
+                                  "(our parse service tokenizes with it)")
+    group, batching = settings.trtllm_grpc(), settings.batching()
+    return TrtllmGrpcEngine(TrtllmGrpcClient(group.target), model, block_size=batching.block_size,
+                            num_blocks=batching.num_blocks, max_tokens_default=batching.max_tokens_default,
+                            connect_timeout=group.connect_timeout)
+
+
 ENGINES: dict[str, Callable[[WorkerSettings, ModelDir], Engine]] = {
     MockerSettings.NAME: _mocker,
     TorchSettings.NAME: _torch,
     TrtllmSettings.NAME: _trtllm,
+    TrtllmGrpcSettings.NAME: _trtllm_grpc,
 }
 
 

@@ -2,7 +2,8 @@
 
 The flags are flat (``--speedup``, ``--dtype``, ...: names and env vars are API); each engine is handed
 only its own frozen group built from them: :meth:`WorkerSettings.batching` for the engine core,
-:meth:`WorkerSettings.mocker`, :meth:`WorkerSettings.torch`, :meth:`WorkerSettings.trtllm`. Each group's
+:meth:`WorkerSettings.mocker`, :meth:`WorkerSettings.torch`, :meth:`WorkerSettings.trtllm`,
+:meth:`WorkerSettings.trtllm_grpc`. Each group's
 ``NAME`` is the engine's ``--engine`` name (the one definition of those names).
 """
 
@@ -31,7 +32,7 @@ class MockerSettings:
     DEFAULT_BLOCK_SIZE: ClassVar[int] = _BATCHING.block_size
 
     timing: StepTiming
-    script: str                         # JSONL file of scripted completions ("": none)
+    script: str                         # JSONL file of scripted completions ("": the model directory's, if any)
     seed: int                           # seed of the filler text
 
 
@@ -65,7 +66,22 @@ class TrtllmSettings:
     dtype: str                          # "auto": the checkpoint's
 
 
-ENGINE_GROUPS = (MockerSettings, TorchSettings, TrtllmSettings)
+@dataclass(frozen=True)
+class TrtllmGrpcSettings:
+    """The ``trtllm-grpc`` engine's group: where the ``trtllm-serve --grpc`` server listens (``host:port``).
+
+    The server (``tensorrt_llm/grpc/smg/server.py``) binds an insecure port and takes no credentials, so the
+    address must be one only this worker reaches: loopback, or a private pod / container network.
+    """
+
+    NAME: ClassVar[str] = "trtllm-grpc"
+    DEFAULT_BLOCK_SIZE: ClassVar[int] = 32  # trtllm-serve's KvCacheConfig.tokens_per_block default
+
+    target: str                         # host:port of TrtllmService
+    connect_timeout: float              # seconds start() waits for the server to answer HealthCheck "OK"
+
+
+ENGINE_GROUPS = (MockerSettings, TorchSettings, TrtllmSettings, TrtllmGrpcSettings)
 ENGINE_NAMES = tuple(group.NAME for group in ENGINE_GROUPS)
 
 
@@ -85,8 +101,9 @@ class WorkerSettings(CommonSettings):
     nats_token: str = option("", "Token the NATS server requires (HARNESSMESH_NATS_TOKEN; `harnessmesh up` makes "
                              "one for the nats-server it starts).", shared=True, secret=True)
     block_size: int = option(
-        0, "Tokens per KV block (0: the engine's default: 16 for mocker and torch, 32 for trtllm, TensorRT-LLM's "
-        "own). Workers of one model should agree (the router compares prefixes only among equal block sizes); "
+        0, "Tokens per KV block (0: the engine's default: 16 for mocker and torch, 32 for trtllm and trtllm-grpc, "
+        "TensorRT-LLM's own; trtllm-grpc: must equal the server's tokens_per_block). Workers of one model should "
+        "agree (the router compares prefixes only among equal block sizes); "
         "trtllm refuses to start when the engine runs with another size than the one asked for.")
     num_blocks: int = option(_BATCHING.num_blocks, "KV cache capacity in blocks.")
     max_num_seqs: int = option(_BATCHING.max_num_seqs, "Most requests batched in one engine step.")
@@ -99,7 +116,8 @@ class WorkerSettings(CommonSettings):
         "default", "Mocker: step-time model. default: the prefill_*/decode_* coefficients below; dynamo: NVIDIA "
         "Dynamo mocker's polynomials (the trace-replay simulator's model; ignores those coefficients).",
         choices=TIMING_MODELS)
-    script: str = option("", "Mocker: JSONL file of {\"match\": ..., \"completion\": ...} scripted completions.")
+    script: str = option("", "Mocker: JSONL file of {\"match\": ..., \"completion\": ...} scripted completions "
+                         "(empty: the model directory's mocker_script.jsonl if it has one, as the demo model does).")
     seed: int = option(0, "Mocker: seed of the filler text generated when no script line matches.")
     prefill_ms_base: float = option(_TIMING.prefill_ms_base, "Mocker timing: fixed ms of a step that prefills.")
     prefill_ms_per_token: float = option(_TIMING.prefill_ms_per_token, "Mocker timing: ms per uncached prompt token.")
@@ -117,6 +135,12 @@ class WorkerSettings(CommonSettings):
     free_gpu_memory_fraction: float = option(0.9, "trtllm: share of free GPU memory given to the KV cache.")
     trtllm_event_buffer: int = option(16384, "trtllm: KvCacheConfig.event_buffer_max_size (KV events buffered "
                                       "in the engine between polls).")
+    trtllm_grpc_target: str = option(
+        "127.0.0.1:8003", "trtllm-grpc: host:port of the `trtllm-serve --grpc` server (TensorRT-LLM's TrtllmService; "
+        "no TLS: keep it on loopback or a private network).")
+    trtllm_grpc_connect_timeout: float = option(
+        600.0, "trtllm-grpc: seconds the worker waits at start for the server's HealthCheck to answer OK (it loads "
+        "the model first).")
     heartbeat_interval: float = option(1.0, "Seconds between heartbeats on NATS.")
     drain_grace: float = option(
         5.0, "Seconds in-flight streams get to finish when the worker is stopped (SIGTERM/SIGINT): it first "
@@ -154,6 +178,9 @@ class WorkerSettings(CommonSettings):
                               free_gpu_memory_fraction=self.free_gpu_memory_fraction,
                               event_buffer_max_size=self.trtllm_event_buffer, dtype=self.dtype)
 
+    def trtllm_grpc(self) -> TrtllmGrpcSettings:
+        return TrtllmGrpcSettings(target=self.trtllm_grpc_target, connect_timeout=self.trtllm_grpc_connect_timeout)
+
     def validate(self) -> None:
         if self.engine not in ENGINE_NAMES:
             raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINE_NAMES)}")
@@ -167,6 +194,11 @@ class WorkerSettings(CommonSettings):
             raise ValueError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.tensor_parallel_size <= 0 or self.trtllm_event_buffer <= 0:
             raise ValueError("--tensor-parallel-size and --trtllm-event-buffer must be positive")
+        host, _, port = self.trtllm_grpc_target.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--trtllm-grpc-target must be host:port, got {self.trtllm_grpc_target!r}")
+        if self.trtllm_grpc_connect_timeout <= 0:
+            raise ValueError("--trtllm-grpc-connect-timeout must be positive")
         if not 0 < self.free_gpu_memory_fraction <= 1:
             raise ValueError("--free-gpu-memory-fraction must be in (0, 1]")
         if self.speedup <= 0:

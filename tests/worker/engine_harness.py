@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,9 @@ from services.worker.engine import Engine, EngineOutput, EngineRequest, KvCleare
 from services.worker.mocker import MockerConfig, MockerEngine
 from services.worker.settings import TrtllmSettings
 from services.worker.trtllm import TrtllmEngine, load_llm
+from services.worker.trtllm_grpc import TrtllmGrpcClient, TrtllmGrpcEngine
 from tests.worker.fake_trtllm import FakeLLM, fake_module
+from tests.worker.fake_trtllm_grpc import start_fake_server
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 # The README's test command installs no PyTorch (from PyPI it is the CUDA build, gigabytes); .ci/run adds the CPU build.
@@ -44,6 +46,7 @@ ENGINE_KINDS = [
     pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH, reason=TORCH_MISSING)),
     pytest.param("torch-cuda", marks=pytest.mark.skipif(bool(CUDA_MISSING), reason=f"torch on cuda: {CUDA_MISSING}")),
     "trtllm-fake",
+    "trtllm-grpc-fake",
 ]
 TRTLLM_OPTIONS = TrtllmSettings(tensor_parallel_size=1, free_gpu_memory_fraction=0.9, event_buffer_max_size=1024,
                                 dtype="auto")
@@ -57,6 +60,7 @@ class Harness:
     real_blocks: Callable[[], set[int]]
     events: list[KvEvent]
     _task: asyncio.Task[None]
+    on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def published_blocks(self) -> set[int]:
         return fold(self.events)
@@ -64,6 +68,8 @@ class Harness:
     async def close(self) -> None:
         await self.engine.close()
         self._task.cancel()
+        for stop in self.on_close:
+            await stop()
 
 
 def fold(events: list[KvEvent]) -> set[int]:
@@ -84,6 +90,7 @@ async def build(kind: str, model_path: Path, runners: dict[str, Any], *, num_blo
     model = load_model_dir(model_path)
     engine: Any
     real: Callable[[], set[int]]
+    on_close: list[Callable[[], Awaitable[None]]] = []
     if kind == "mocker":
         engine = MockerEngine(MockerConfig(block_size=block_size, num_blocks=num_blocks,
                                            max_tokens_default=max_tokens_default,
@@ -97,6 +104,13 @@ async def build(kind: str, model_path: Path, runners: dict[str, Any], *, num_blo
         engine = TorchEngine(TorchConfig(block_size=block_size, num_blocks=num_blocks,
                                          max_tokens_default=max_tokens_default), model, runners[kind])
         real = engine.cached_block_hashes
+    elif kind == "trtllm-grpc-fake":
+        server = await start_fake_server(model, num_blocks=num_blocks, block_size=block_size)
+        on_close.append(server.stop)
+        engine = TrtllmGrpcEngine(TrtllmGrpcClient(server.target), model, block_size=block_size,
+                                  num_blocks=num_blocks, max_tokens_default=max_tokens_default,
+                                  resubscribe=(0.01, 0.1))
+        real = server.llm.cached_sequence_hashes
     else:
         batching = BatchingConfig(block_size=block_size, num_blocks=num_blocks, max_tokens_default=max_tokens_default)
         api = load_llm(model, TRTLLM_OPTIONS, batching,
@@ -115,7 +129,7 @@ async def build(kind: str, model_path: Path, runners: dict[str, Any], *, num_blo
 
     task = asyncio.create_task(collect())
     await engine.start()
-    return Harness(engine, real, events, task)
+    return Harness(engine, real, events, task, on_close)
 
 
 async def collect(engine: Any, request: EngineRequest) -> list[EngineOutput]:

@@ -149,7 +149,7 @@ async def test_client_cancel_frees_blocks(worker: RunningWorker) -> None:
 
 
 def test_engine_registry_is_pinned() -> None:
-    assert set(ENGINES) == set(ENGINE_NAMES) == {"mocker", "torch", "trtllm"}
+    assert set(ENGINES) == set(ENGINE_NAMES) == {"mocker", "torch", "trtllm", "trtllm-grpc"}
 
 
 def test_settings_validation() -> None:
