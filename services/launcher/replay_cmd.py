@@ -60,7 +60,8 @@ def run(ns: argparse.Namespace) -> int:
     worker = s.worker()
     for mode in s.modes:
         config = ReplayConfig(workers=s.workers, mode=mode, worker=worker, overlap_weight=s.overlap_weight,
-                              temperature=s.router_temperature, speedup=s.speedup)
+                              temperature=s.router_temperature, speedup=s.speedup,
+                              pending_prefix_ttl=s.pending_prefix_ttl)
         _print(mode, replay(trace, config), s.json)
     return 0
 
@@ -71,7 +72,7 @@ async def _replay_live_mesh(s: ReplaySettings, mode: str, trace: list[TraceReque
 
     config = LiveMeshConfig(
         workers=s.workers, mode=mode, worker=s.worker(), overlap_weight=s.overlap_weight,
-        temperature=s.router_temperature, compression=s.compression,
+        temperature=s.router_temperature, compression=s.compression, pending_prefix_ttl=s.pending_prefix_ttl,
         log_dir=f"{s.log_dir}/{mode}" if s.log_dir else "")
     async with live_mesh(config) as mesh:
         return await replay_live(trace, mesh.router_address, s.speedup, s.compression)

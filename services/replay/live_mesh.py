@@ -24,6 +24,7 @@ from services.launcher.backend import start_backend
 from services.launcher.nats_server import NatsServer
 from services.launcher.supervisor import Supervisor, deadline_in, free_port
 from services.replay.sim_worker import SimWorkerConfig
+from services.router.pending import DEFAULT_PENDING_TTL
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT
 
 LONG_CONTEXT = 1 << 20  # tokens: above any Mooncake prompt
@@ -39,6 +40,7 @@ class LiveMeshConfig:
     overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
     temperature: float = 0.0
     compression: float = 1.0
+    pending_prefix_ttl: float = DEFAULT_PENDING_TTL  # simulated seconds (the router gets it / compression)
     startup_timeout: float = 60.0
     log_dir: str = ""  # children's stdout/stderr go to <log_dir>/<name>.log (empty: a temporary dir)
 
@@ -82,7 +84,8 @@ class LiveMesh:
         backend = await start_backend(
             self.supervisor, workers=c.workers, nats_url=nats.url, nats_token=nats.token, deadline=deadline,
             router_options={**quiet, "router_mode": c.mode, "overlap_weight": c.overlap_weight,
-                            "router_temperature": c.temperature, "worker_timeout": 30.0, "stall_timeout": 600.0},
+                            "router_temperature": c.temperature, "worker_timeout": 30.0, "stall_timeout": 600.0,
+                            "pending_prefix_ttl": c.pending_prefix_ttl / c.compression},
             worker_options=lambda name: {
                 **quiet, "engine": "mocker", "model": str(model), "block_size": c.worker.block_size,
                 "num_blocks": c.worker.num_blocks, "max_num_seqs": c.worker.max_num_seqs,

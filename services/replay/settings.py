@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.common.settings import option
 from services.replay.sim_worker import SimWorkerConfig
+from services.router.pending import DEFAULT_PENDING_TTL
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
 _WORKER = SimWorkerConfig()
@@ -23,6 +24,9 @@ class ReplaySettings:
     max_num_batched_tokens: int = option(_WORKER.max_num_batched_tokens, "Token budget per step.")
     overlap_weight: float = option(DEFAULT_OVERLAP_WEIGHT, "kv cost weight of prefill blocks.")
     router_temperature: float = option(0.0, "Softmax temperature of kv placement.")
+    pending_prefix_ttl: float = option(DEFAULT_PENDING_TTL, "kv: simulated seconds a placement still counts as its "
+                                       "worker's prefix after its first token, as the router's --pending-prefix-ttl "
+                                       "(0: off).")
     speedup: float = option(1.0, "Divide the trace's arrival gaps by this factor.")
     limit: int = option(0, "Replay only the first N requests (0: all).")
     live: bool = option(False, "Replay against a live mesh of mocker workers started for each mode instead of "
@@ -46,5 +50,7 @@ class ReplaySettings:
         unknown = [m for m in self.modes if m not in MODES]
         if unknown or not self.modes:
             raise ValueError(f"unknown routing mode(s) {unknown}; valid modes: {', '.join(MODES)}")
+        if self.pending_prefix_ttl < 0:
+            raise ValueError("--pending-prefix-ttl must be >= 0")
         if self.speedup <= 0 or self.workers < 1 or self.compression <= 0:
             raise ValueError("--speedup and --compression must be > 0 and --workers >= 1")

@@ -25,6 +25,7 @@ from services.replay.metrics import ReplayResult, RequestRecord, summarise
 from services.replay.sim_worker import SimWorker, SimWorkerConfig
 from services.replay.trace import TracePrompts, TraceRequest
 from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, StoredEvent
+from services.router.pending import DEFAULT_PENDING_TTL, PendingPrefixes
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerRegistry
 from services.router.router import InFlight, Router
@@ -42,6 +43,7 @@ class ReplayConfig:
     temperature: float = 0.0
     speedup: float = 1.0
     seed: int = 0
+    pending_prefix_ttl: float = DEFAULT_PENDING_TTL  # kv: the router's pending-prefix index (0: off)
 
 
 _block_hash = attrgetter("block_hash")
@@ -67,9 +69,12 @@ class Replay:
         model = model or load_model_dir("")
         vocab = FillerVocabulary(model.tokenizer)
         registry = WorkerRegistry(timeout=float("inf"), clock=lambda: 0.0)
+        # the router's pending-prefix index on the simulated clock (seconds), as a live kv router runs it
+        pending = PendingPrefixes(config.pending_prefix_ttl, clock=lambda: self.now / 1000.0) \
+            if config.mode == "kv" and config.pending_prefix_ttl > 0 else None
         self.router = Router(KvIndex(), registry,
                              PlacementPolicy(config.mode, config.overlap_weight, random.Random(config.seed),
-                                             temperature=config.temperature))
+                                             temperature=config.temperature), pending=pending)
         self.workers: dict[str, SimWorker] = {}
         wc = config.worker
         for i in range(config.workers):

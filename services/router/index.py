@@ -15,7 +15,7 @@ event seen has id 1 needs no repair; one first seen mid-stream does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
 
@@ -138,6 +138,11 @@ class KvIndex:
     def block_count(self, worker_id: str) -> int:
         state = self._workers.get(worker_id)
         return len(state.blocks) if state is not None else 0
+
+    def holds(self, worker_id: str) -> Container[int]:
+        """The worker's live block set, for membership tests only (no copy: do not keep it)."""
+        state = self._workers.get(worker_id)
+        return state.blocks if state is not None else frozenset()
 
     def blocks(self, worker_id: str) -> frozenset[int]:
         state = self._workers.get(worker_id)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.metrics import LATENCY_BUCKETS, GaugeCallback
+from services.router.pending import PendingPrefixes
 from services.router.registry import WorkerRegistry
 
 
@@ -22,8 +23,9 @@ class RouterMetrics:
                                     "Time requests waited in the admission queue (0 when not queued).",
                                     buckets=LATENCY_BUCKETS, registry=r)
 
-    def watch(self, workers: WorkerRegistry, queue_depth: Callable[[], int]) -> None:
-        """Scrape-time gauges over the live registry and the admission queue."""
+    def watch(self, workers: WorkerRegistry, queue_depth: Callable[[], int],
+              pending: PendingPrefixes | None = None) -> None:
+        """Scrape-time gauges over the live registry, the admission queue and the pending-prefix index."""
 
         def loads(attr: str) -> dict[tuple[str, ...], float]:
             return {(ep.worker_id,): float(getattr(workers.load(ep.worker_id), attr)) for ep in workers.endpoints()}
@@ -39,11 +41,17 @@ class RouterMetrics:
         self.registry.register(GaugeCallback(
             "harnessmesh_router_worker_total_blocks", "KV capacity per worker in blocks.", ("worker",),
             lambda: {(ep.worker_id,): float(ep.total_blocks) for ep in workers.endpoints()}))
+        if pending is not None:
+            self.registry.register(GaugeCallback(
+                "harnessmesh_router_worker_predicted_blocks",
+                "Blocks the pending-prefix index predicts per worker (placed, not yet in its KV events).", ("worker",),
+                lambda: {(ep.worker_id,): float(pending.predicted_blocks(ep.worker_id)) for ep in workers.endpoints()}))
 
 
 def decision_reason(mode: str, overlap_blocks: int, candidates: int, *, target: bool, retry: bool,
-                    migration: bool) -> str:
-    """Why the chosen worker was chosen, as a small closed set of label values."""
+                    migration: bool, predicted_blocks: int = 0) -> str:
+    """Why the chosen worker was chosen, as a small closed set of label values (``kv_predicted``: part of the
+    overlap was known only from the pending-prefix index)."""
     if migration:
         return "migration"
     if retry:
@@ -54,4 +62,6 @@ def decision_reason(mode: str, overlap_blocks: int, candidates: int, *, target: 
         return "only_worker"
     if mode != "kv":
         return mode
+    if predicted_blocks > 0:
+        return "kv_predicted"
     return "kv_overlap" if overlap_blocks > 0 else "kv_load"

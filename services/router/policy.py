@@ -5,11 +5,20 @@
     cost = overlap_weight * (prefill blocks in flight + new_blocks) + (active blocks in flight
            + request blocks + expected decode blocks)
 
-``new_blocks`` are the blocks of this prompt the worker does not hold (its prefill work); the second
+``new_blocks`` are the blocks of this prompt the worker does not hold (its prefill work; blocks the
+pending-prefix index predicts there count as held, ``pending.py``); the second
 term is the KV the worker will be holding (every prompt block plus ``agent_hints.osl`` worth of decode
 blocks). With ``temperature == 0`` the cheapest worker wins and ties go to the worker with fewer requests
 in flight; with ``temperature > 0`` the first worker is drawn from a softmax over the normalised costs
 (the rest stay cheapest-first, as fallbacks). The other modes exist so benchmarks compare like with like.
+
+``shared`` blocks (per worker: blocks of this prompt that requests in flight there are computing right now)
+leave the worker's prefill in flight: the request waits for them there, but would compute them itself on
+any other worker, so counting them as queue in front of it would send requests that share a prefix being
+prefilled (siblings launched together) to every other worker, each computing it again. The request is then
+never worse off by more than its own new blocks, and the mesh saves the shared prefill. The KV term is not
+discounted: each request there still holds its blocks, so a large group of siblings spreads again once its
+KV outweighs the prefill it saves.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ class Candidate:
     overlap_blocks: int
     new_blocks: int
     cost: float
+    predicted_blocks: int = 0   # of ``overlap_blocks``, those only the pending-prefix index knows
 
 
 class PlacementPolicy:
@@ -60,15 +70,23 @@ class PlacementPolicy:
         overlaps: Mapping[str, int],
         loads: Mapping[str, WorkerLoad],
         decode_blocks: int = 0,
+        predicted: Mapping[str, int] | None = None,
+        shared: Mapping[str, int] | None = None,
     ) -> list[Candidate]:
+        """``predicted`` / ``shared``: per worker, overlap blocks only predicted, and overlap blocks being
+        computed there by requests in flight (see the module docstring); absent means 0."""
         candidates = []
         for wid in sorted(overlaps):
             overlap = overlaps[wid]
             new = max(request_blocks - overlap, 0)
             load = loads[wid]
-            prefill = load.prefill_blocks + new
+            in_flight = load.prefill_blocks
+            if shared:
+                in_flight -= min(shared.get(wid, 0), in_flight)
+            prefill = in_flight + new
             active = load.active_blocks + request_blocks + decode_blocks
-            candidates.append(Candidate(wid, overlap, new, self.overlap_weight * prefill + active))
+            candidates.append(Candidate(wid, overlap, new, self.overlap_weight * prefill + active,
+                                        predicted.get(wid, 0) if predicted else 0))
         if not candidates:
             return []
         if self.mode == "kv":
@@ -104,6 +122,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
 def describe(candidates: Sequence[Candidate]) -> list[dict[str, object]]:
     """Candidates as log/span-friendly dicts."""
     return [
-        {"worker": c.worker_id, "overlap_blocks": c.overlap_blocks, "new_blocks": c.new_blocks, "cost": c.cost}
+        {"worker": c.worker_id, "overlap_blocks": c.overlap_blocks, "predicted_blocks": c.predicted_blocks,
+         "new_blocks": c.new_blocks, "cost": c.cost}
         for c in candidates
     ]

@@ -247,7 +247,8 @@ class Proxy:
         mode = self.router.policy.mode
         reason = decision_reason(mode, best.overlap_blocks, len(placement.candidates),
                                  target=bool(request.target_worker_id) and best.worker_id == request.target_worker_id,
-                                 retry=retry and not migrating, migration=migrating)
+                                 retry=retry and not migrating, migration=migrating,
+                                 predicted_blocks=best.predicted_blocks)
         self.metrics.decisions.labels(mode, reason).inc()
         shown = placement.candidates[:16]
         span = self._tracer.start_span("router.route", attributes={
@@ -256,10 +257,12 @@ class Proxy:
             "router.worker_id": best.worker_id,
             "router.overlap_blocks": best.overlap_blocks,
             "router.new_blocks": best.new_blocks,
+            "router.predicted_blocks": best.predicted_blocks,
             "router.request_blocks": placement.request_blocks,
             "router.candidates": len(placement.candidates),
             "router.candidate.workers": [c.worker_id for c in shown],
             "router.candidate.overlap_blocks": [c.overlap_blocks for c in shown],
+            "router.candidate.predicted_blocks": [c.predicted_blocks for c in shown],
             "router.candidate.costs": [float(c.cost) for c in shown],
             "router.queue_wait_ms": round(queue_wait * 1000, 3),
             "router.migration": migrating,
@@ -267,7 +270,8 @@ class Proxy:
             "request.id": request.request_id,
         })
         log.info("router.route_decided", request_id=request.request_id, worker_id=best.worker_id, mode=mode,
-                 reason=reason, overlap_blocks=best.overlap_blocks, request_blocks=placement.request_blocks,
+                 reason=reason, overlap_blocks=best.overlap_blocks, predicted_blocks=best.predicted_blocks,
+                 request_blocks=placement.request_blocks,
                  priority=request.priority, prefill_only=request.prefill_only,
                  queue_wait_ms=round(queue_wait * 1000, 3), candidates=describe(placement.candidates[:4]))
         return span

@@ -7,11 +7,12 @@ NATS is imported here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common import token_bytes
 from services.common.block_hash import PrefixHashCache
 from services.router.index import KvEvent, KvIndex
+from services.router.pending import PendingEntry, PendingPrefixes
 from services.router.policy import Candidate, PlacementPolicy, blocks_for
 from services.router.registry import WorkerEndpoint, WorkerLoad, WorkerRegistry
 
@@ -23,6 +24,8 @@ class Placement:
     candidates: list[Candidate]
     request_blocks: int
     decode_blocks: int = 0
+    hashes: Mapping[int, Sequence[int]] = field(default_factory=dict)  # the prompt's block hashes per block size
+    cached: Mapping[str, int] = field(default_factory=dict)            # per worker: overlap the KV index shows
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,13 @@ class Saturation:
 class InFlight:
     """One request's share of a worker's load while it runs there (release it exactly once)."""
 
-    def __init__(self, load: WorkerLoad, blocks: int, prefill_blocks: int) -> None:
+    def __init__(self, load: WorkerLoad, blocks: int, prefill_blocks: int,
+                 pending: tuple[PendingPrefixes, PendingEntry] | None = None) -> None:
+        """``pending``: the request's entry in the pending-prefix index (ended with the prefill or the request)."""
         self._load = load
         self._blocks = blocks
         self._prefill = prefill_blocks
+        self._pending = pending
         load.requests += 1
         load.active_blocks += blocks
         load.prefill_blocks += prefill_blocks
@@ -53,11 +59,16 @@ class InFlight:
         """The worker sent its first frame: this request no longer adds prefill work."""
         self._load.prefill_blocks -= self._prefill
         self._prefill = 0
+        if self._pending is not None:
+            self._pending[0].prefill_done(self._pending[1])
 
     def release(self) -> None:
+        """The request left the worker; before its first frame (failed, cancelled) its predicted blocks go too."""
         if self._done:
             return
         self._done = True
+        if self._pending is not None and self._pending[1].prefilling:  # after it, the prediction just expires
+            self._pending[0].drop(self._pending[1])
         self._load.requests -= 1
         self._load.active_blocks -= self._blocks
         self._load.prefill_blocks -= self._prefill
@@ -70,10 +81,15 @@ class Router:
         self, index: KvIndex, registry: WorkerRegistry, policy: PlacementPolicy,
         saturation: Saturation | None = None,
         hash_cache_tokens: int = 1 << 21,
+        pending: PendingPrefixes | None = None,
     ) -> None:
         """``hash_cache_tokens``: prompt tokens whose block hashes are kept per block size, so that an agent's
-        next turn hashes only its new blocks (:class:`PrefixHashCache`; 4 bytes a token; 0: off)."""
+        next turn hashes only its new blocks (:class:`PrefixHashCache`; 4 bytes a token; 0: off).
+
+        ``pending``: the pending-prefix index (``pending.py``): requests placed here count for placement
+        before their KV events arrive (None: off)."""
         self.index = index
+        self.pending = pending
         self.registry = registry
         self.policy = policy
         self.saturation = saturation or Saturation()
@@ -82,6 +98,8 @@ class Router:
 
     def on_kv_events(self, worker_id: str, events: Sequence[KvEvent]) -> bool:
         """Apply events; True when the worker's stream has a gap to repair."""
+        if self.pending is not None:
+            self.pending.on_events(worker_id, events)
         return self.index.apply(worker_id, events)
 
     def on_heartbeat(self, endpoint: WorkerEndpoint) -> bool:
@@ -89,12 +107,16 @@ class Router:
 
     def forget(self, worker_id: str) -> WorkerEndpoint | None:
         self.index.remove_worker(worker_id)
+        if self.pending is not None:
+            self.pending.remove_worker(worker_id)
         return self.registry.remove(worker_id)
 
     def expire(self) -> list[WorkerEndpoint]:
         gone = self.registry.expire()
         for ep in gone:
             self.index.remove_worker(ep.worker_id)
+            if self.pending is not None:
+                self.pending.remove_worker(ep.worker_id)
         return gone
 
     def overdue(self, fraction: float = 1.0) -> list[WorkerEndpoint]:
@@ -123,24 +145,40 @@ class Router:
         if not endpoints:
             return Placement([], 0)
         overlaps: dict[str, int] = {}
+        cached: dict[str, int] = {}
+        predicted: dict[str, int] = {}
+        shared: dict[str, int] = {}
+        prompt_hashes: dict[int, Sequence[int]] = {}
         request_blocks = decode_blocks = 0
         count = token_bytes.count(token_ids) if isinstance(token_ids, bytes) else len(token_ids)
+        pending = self.pending
+        if pending is not None:
+            pending.expire()
         for block_size in sorted({ep.block_size for ep in endpoints}):
             group = [ep.worker_id for ep in endpoints if ep.block_size == block_size]
             if self.policy.mode == "kv" or prefer:
                 known = hashes.get(block_size) if hashes is not None else None
                 if known is None:
                     known = self._hash_cache(block_size).hashes(token_ids, cache_salt)
-                overlaps.update(self.index.overlaps(known, group))
+                prompt_hashes[block_size] = known
+                found = self.index.overlaps(known, group)
+                cached.update(found)
+                overlaps.update(found)
+                if pending is not None:
+                    for wid in group:
+                        match = pending.match(wid, known, found[wid], self.index.holds(wid))
+                        if match.predicted or match.shared:
+                            overlaps[wid] += match.predicted
+                            predicted[wid], shared[wid] = match.predicted, match.shared
             else:
                 overlaps.update(dict.fromkeys(group, 0))
             request_blocks = max(request_blocks, blocks_for(count, block_size))
             decode_blocks = max(decode_blocks, blocks_for(max(osl, 0), block_size))
         loads = {wid: self.registry.load(wid) for wid in overlaps}
-        ranked = self.policy.rank(request_blocks, overlaps, loads, decode_blocks)
+        ranked = self.policy.rank(request_blocks, overlaps, loads, decode_blocks, predicted, shared)
         if prefer:
             ranked.sort(key=lambda c: c.worker_id != prefer)
-        return Placement(ranked, request_blocks, decode_blocks)
+        return Placement(ranked, request_blocks, decode_blocks, prompt_hashes, cached)
 
     def _hash_cache(self, block_size: int) -> PrefixHashCache:
         cache = self._hash_caches.get(block_size)
@@ -150,9 +188,17 @@ class Router:
         return cache
 
     def begin(self, worker_id: str, placement: Placement, candidate: Candidate) -> InFlight:
-        """Count a request against a worker's load while it runs there."""
+        """Count a request against a worker's load while it runs there (and, with the pending-prefix index,
+        its prompt blocks as soon to be held there)."""
+        entry = None
+        endpoint = self.registry.get(worker_id)
+        if self.pending is not None and endpoint is not None and self.policy.mode == "kv":
+            known = placement.hashes.get(endpoint.block_size)
+            if known:
+                entry = (self.pending, self.pending.add(worker_id, known, placement.cached.get(worker_id, 0),
+                                                        candidate.overlap_blocks))
         return InFlight(self.registry.load(worker_id), placement.request_blocks + placement.decode_blocks,
-                        candidate.new_blocks)
+                        candidate.new_blocks, entry)
 
     def saturated(self, worker_id: str) -> bool:
         sat = self.saturation

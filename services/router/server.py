@@ -25,6 +25,7 @@ from services.router.admission import AdmissionQueue
 from services.router.index import KvIndex
 from services.router.metrics import RouterMetrics
 from services.router.nats_consumer import WorkerEventsConsumer
+from services.router.pending import PendingPrefixes
 from services.router.policy import PlacementPolicy
 from services.router.proxy import Proxy, ProxyLimits
 from services.router.recovery import KvRecoverer
@@ -69,6 +70,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
         index, registry,
         PlacementPolicy(settings.router_mode, settings.overlap_weight, temperature=settings.router_temperature),
         Saturation(settings.queue_max_requests, settings.queue_threshold),
+        pending=PendingPrefixes(settings.pending_prefix_ttl) if settings.pending_prefix_ttl > 0 else None,
     )
     channels = WorkerChannels(tracing, settings.tls())
     recoverer = KvRecoverer(index, registry, GrpcRecoverySource(channels))
@@ -77,7 +79,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
                          settings.first_frame_timeout)
     tracer = tracing.tracer if tracing is not None else trace.get_tracer("harnessmesh.router")
     metrics = RouterMetrics()
-    metrics.watch(registry, lambda: len(admission))
+    metrics.watch(registry, lambda: len(admission), router.pending)
     proxy = Proxy(router, limits, admission=admission, tracer=tracer, metrics=metrics)
     servicer = RouterServicer(proxy, channels, registry)
     prompt_reuse.watch(metrics.registry, servicer.prompts)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
+from services.router.pending import DEFAULT_PENDING_TTL
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
 
@@ -24,6 +25,10 @@ class RouterSettings(CommonSettings):
         DEFAULT_OVERLAP_WEIGHT, "Cost weight of prefill blocks a worker would have to compute.")
     router_temperature: float = option(
         0.0, "Softmax temperature of kv placement (0: always the cheapest worker).")
+    pending_prefix_ttl: float = option(
+        DEFAULT_PENDING_TTL, "Seconds after a request's first token that its prompt blocks still count as held by "
+        "its worker when that worker's KV events have not said so yet (they count from placement on, so "
+        "requests sharing a prefix sent together land together; 0: off, only KV events count).")
     worker_timeout: float = option(5.0, "Seconds without a heartbeat after which a worker is forgotten.")
     max_retries: int = option(2, "Other workers to try when a worker fails before its first token.")
     migration_limit: int = option(
@@ -45,6 +50,8 @@ class RouterSettings(CommonSettings):
             raise ValueError("--overlap-weight must be >= 0")
         if self.router_temperature < 0:
             raise ValueError("--router-temperature must be >= 0")
+        if self.pending_prefix_ttl < 0:
+            raise ValueError("--pending-prefix-ttl must be >= 0")
         if self.worker_timeout <= 0:
             raise ValueError("--worker-timeout must be > 0")
         if self.max_retries < 0:
