@@ -35,33 +35,57 @@ class FillerVocabulary:
 
 
 class FillerText:
-    """Deterministic pseudo-prose: words with an occasional full stop."""
+    """Deterministic pseudo-prose: words with an occasional full stop.
+
+    The draws are exactly ``random.Random(seed)``'s ``choice(words)`` and ``randint(6, 16)`` (CPython's
+    ``_randbelow``: ``getrandbits`` of ``n.bit_length()`` bits until below ``n``), made here without their
+    two layers of method calls: a simulated token costs one ``getrandbits``.
+    """
 
     def __init__(self, vocab: FillerVocabulary, seed: int) -> None:
         self._vocab = vocab
         self._rng = random.Random(seed)
-        self._until_period = self._rng.randint(6, 16)
+        self._bits = self._rng.getrandbits
+        self._words = vocab.words
+        self._n = len(vocab.words)
+        self._k = self._n.bit_length()
+        if not self._n:
+            raise IndexError("Cannot choose from an empty sequence")
+        self._until_period = 6 + self._below(11)
+
+    def _below(self, n: int) -> int:
+        bits, k = self._bits, n.bit_length()
+        r = bits(k)
+        while r >= n:
+            r = bits(k)
+        return r
 
     def next(self) -> int:
         self._until_period -= 1
         if self._until_period <= 0 and self._vocab.period is not None:
-            self._until_period = self._rng.randint(6, 16)
+            self._until_period = 6 + self._below(11)
             return self._vocab.period
-        return self._rng.choice(self._vocab.words)
+        bits, n, k = self._bits, self._n, self._k
+        r = bits(k)
+        while r >= n:
+            r = bits(k)
+        return self._words[r]
 
     def take(self, count: int) -> list[int]:
         """The next ``count`` tokens: :meth:`next` ``count`` times, in one loop."""
-        rng, words, period = self._rng, self._vocab.words, self._vocab.period
-        choice = rng.choice
+        bits, words, n, k, period = self._bits, self._words, self._n, self._k, self._vocab.period
         out: list[int] = []
         until = self._until_period
         for _ in range(count):
             until -= 1
             if until <= 0 and period is not None:
-                until = rng.randint(6, 16)
+                until = 6 + self._below(11)
                 out.append(period)
             else:
-                out.append(choice(words))
+                r = bits(k)
+                while r >= n:
+                    r = bits(k)
+                out.append(words[r])
         self._until_period = until
         return out
 
