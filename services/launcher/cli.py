@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS = {"up": "services.launcher.up_cmd", "catalog": "services.launcher.catalog_cmd",
-            "replay": "services.launcher.replay_cmd"}
+            "replay": "services.launcher.replay_cmd", "health": "services.launcher.health_cmd"}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -38,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.launcher import replay_cmd
 
         return replay_cmd.run(ns)
+    if ns.command == "health":
+        from services.launcher import health_cmd
+
+        return health_cmd.run(ns)
     if ns.command != "up":  # pragma: no cover - argparse enforces the choice
         parser.error(f"unknown command {ns.command}")
     from services.launcher import up_cmd

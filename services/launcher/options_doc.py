@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from services.common.settings import env_name, fields_of, flag_name
+from services.launcher.health_cmd import HealthSettings
 from services.launcher.settings import CatalogSettings, UpSettings
 from services.launcher.specs import ALL_SERVICES
 from services.replay.settings import ReplaySettings
@@ -46,6 +47,7 @@ def render() -> str:
         lines += [f"## {spec.name}: `python -m {spec.module}`", "", *_table(spec.settings_class(), spec.name), ""]
     lines += ["## `harnessmesh replay TRACE`", "", *_table(ReplaySettings, "replay"), ""]
     lines += ["## `harnessmesh catalog HARNESS`", "", *_table(CatalogSettings, "catalog"), ""]
+    lines += ["## `harnessmesh health SERVICE`", "", *_table(HealthSettings, "health"), ""]
     return "\n".join(lines)
 
 
