@@ -6,7 +6,7 @@ be generating), appends the assistant turn (ordered parts: reasoning, tool_call,
 tool results, and loops until a turn ends without tool calls. The last stdout line is a JSON
 summary: ``{"turns", "tool_calls", "final_text", "finish_reason"}``.
 
-    python examples/agent_tool_loop.py --target 127.0.0.1:8001 --prompt "Weather in Paris?"
+    python examples/agent_tool_loop.py --target 127.0.0.1:8001 --prompt "What is the weather in Paris?"
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -18,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.access_log import AccessLogMiddleware, SpanTapMiddleware
 from gateway.admission import Admission
 from gateway.apis.anthropic import anthropic_routes
 from gateway.apis.anthropic import errors as anthropic_errors
@@ -35,6 +37,7 @@ from gateway.settings import GatewaySettings
 from gateway.tokenize_api import TokenizeApi
 from gateway.turn_tracking import API
 from services.common import errors
+from services.common.tracing import incoming_parent
 
 # Paths open without an API key (probes, the Prometheus scrape).
 _PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
@@ -44,11 +47,13 @@ _APIS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/v1/res
 
 
 class RequestSpanMiddleware:
-    """A root ``gateway.request`` span per HTTP request, current for the whole response.
+    """A ``gateway.request`` span per HTTP request, current for the whole response.
 
-    The turn tracker (``gateway/turn_tracking.py``, behind ``ParseClient.chat``) adds identity, ``gen_ai.*``
-    and usage attributes; the gRPC client interceptor propagates the span to the parse service.
-    Probes and ``/metrics`` are not traced.
+    A W3C ``traceparent`` (+ ``tracestate``) on the request makes it a child of the caller's span (the
+    harness's trace goes on through our hops); without one it is a trace's root. Caller baggage is not read.
+    On a chat turn the turn tracker (``gateway/turn_tracking.py``) renames it ``chat {model}`` (the GenAI
+    conventions' name) and adds identity, ``gen_ai.*`` and usage attributes; the span propagates to the
+    parse service with the call. Probes and ``/metrics`` are not traced.
     """
 
     def __init__(self, app: ASGIApp, tracer: trace.Tracer) -> None:
@@ -72,10 +77,21 @@ class RequestSpanMiddleware:
 
         attributes = {"http.route": route, "http.request.method": scope["method"]}
         with self.tracer.start_as_current_span(
-            "gateway.request", kind=trace.SpanKind.SERVER, attributes=attributes
+            "gateway.request", context=_caller_trace(scope), kind=trace.SpanKind.SERVER, attributes=attributes
         ) as span:
             await self.app(scope, receive, send_with_status)  # type: ignore[arg-type]
             span.set_attribute("http.response.status_code", status)
+
+
+def _caller_trace(scope: Scope) -> Context | None:
+    """The caller's trace context from ``traceparent`` / ``tracestate``, if the request has one."""
+    carrier: dict[str, list[str]] = {}
+    for name, value in scope["headers"]:
+        if name == b"traceparent" or name == b"tracestate":
+            carrier.setdefault(name.decode(), []).append(value.decode("latin-1"))
+    if not carrier:
+        return None
+    return incoming_parent(carrier)
 
 
 class BodyLimitMiddleware:
@@ -256,7 +272,9 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_key)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     app.add_middleware(InternalErrorMiddleware)  # inside the span: a 500 still ends the request's span with it
+    app.add_middleware(SpanTapMiddleware)  # the turn's identity and usage, for the access line
     app.add_middleware(RequestSpanMiddleware, tracer=tracer or trace.get_tracer("harnessmesh.gateway"))
     chat_paths = frozenset(p for p in _APIS if settings.enable_anthropic_api or p != "/v1/messages")
     app.add_middleware(AdmissionGate, admission=parse.admission, paths=chat_paths, keys=settings.api_key)
+    app.add_middleware(AccessLogMiddleware)  # outermost: refusals at the door get their line too
     return app

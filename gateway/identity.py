@@ -9,7 +9,10 @@ Each field is taken from the first source that has it, in this order:
    ``x-parent-trajectory-id`` (Dynamo's ``x-dynamo-session-id`` / ``x-dynamo-parent-session-id`` too);
 3. each harness's own headers:
    Claude Code ``X-Claude-Code-Session-Id`` is the session, ``X-Claude-Code-Agent-Id`` (sent by
-   sub-agents) the trajectory and ``X-Claude-Code-Parent-Agent-Id`` its parent; Codex ``thread-id``
+   sub-agents) the trajectory and ``X-Claude-Code-Parent-Agent-Id`` its parent, else the session's main
+   agent (Claude Code 2.1.330 sends its sub-agents' requests with the parent's session id and their own
+   agent id, e.g. ``a1ef6cc7e38183338``, and no parent header: its sub-agents are the main agent's
+   children, ``max_depth`` 1; see tests/e2e/test_claude_code_subagents.py); Codex ``thread-id``
    is the trajectory and ``x-codex-parent-thread-id`` (a sub-agent's parent thread) the session and
    parent trajectory, a top-level thread being its own session; then the Anthropic body's
    ``metadata.user_id`` (Claude Code's JSON ``{"session_id": ...}`` or the older
@@ -103,11 +106,10 @@ def _from_generic_headers(headers: Mapping[str, str]) -> _Ids:
 
 
 def _from_claude_code(headers: Mapping[str, str]) -> _Ids:
-    return _Ids(
-        session_id=_get(headers, "x-claude-code-session-id"),
-        trajectory_id=_get(headers, "x-claude-code-agent-id"),
-        parent_trajectory_id=_get(headers, "x-claude-code-parent-agent-id"),
-    )
+    session, agent = _get(headers, "x-claude-code-session-id"), _get(headers, "x-claude-code-agent-id")
+    # A sub-agent without a parent header is the main agent's child: the main agent's trajectory is the session.
+    parent = _get(headers, "x-claude-code-parent-agent-id") or (session if agent and agent != session else "")
+    return _Ids(session_id=session, trajectory_id=agent, parent_trajectory_id=parent)
 
 
 def _from_codex(headers: Mapping[str, str]) -> _Ids:

@@ -12,6 +12,8 @@ import uvicorn
 
 from gateway.admission import Admission
 from gateway.apis.grpc_edge.service import AgentServicer, add_agent_service
+from gateway.apis.responses.endpoint import ResponsesApi
+from gateway.apis.responses.routes import OpenedStore, open_response_store, serve_responses_from
 from gateway.app import create_app
 from gateway.auth import ApiKeys
 from gateway.metrics import GatewayMetrics
@@ -38,7 +40,11 @@ def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # name what was tried: "Address already in use" alone does not say which port
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port} (HTTP): {exc.strerror}") from exc
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -89,6 +95,7 @@ class Gateway:
         )
         self._http = _Uvicorn(config)
         self._http_task: asyncio.Task[None] | None = None
+        self._responses: OpenedStore | None = None
 
     @property
     def http_url(self) -> str:
@@ -100,6 +107,8 @@ class Gateway:
         return self._grpc.address
 
     async def start(self) -> None:
+        self._responses = await open_response_store(self.settings)  # memory, or NATS JetStream (docs/state.md)
+        serve_responses_from(self.app, ResponsesApi(self.parse, self._responses.store))
         self._metrics_server = serve_metrics(self.metrics.registry, self.settings.host, self.settings.metrics_port)
         await self._grpc.start()
         self._http_task = asyncio.create_task(self._http.serve(sockets=[self._sock]))
@@ -124,6 +133,8 @@ class Gateway:
             self._metrics_server.stop()
         if self.records is not None:
             self.records.close()
+        if self._responses is not None:
+            await self._responses.close()
         log.info("gateway.stopped")
 
 

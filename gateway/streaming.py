@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from opentelemetry import trace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.boundary import public_error, request_id_of
 from gateway.turn import TurnFold
+from gateway.turn_tracking import annotate_chat_span
 from services.api import chat_pb2
 from services.common import errors
 
@@ -70,14 +70,9 @@ async def read_json(request: Request) -> Any:
 
 
 def annotate_span(request: chat_pb2.ChatRequest) -> None:
-    """Put who-and-what attributes on the request's root span."""
-    span = trace.get_current_span()
-    span.set_attribute("gen_ai.request.model", request.model)
-    span.set_attribute("model", request.model)
-    span.set_attribute("request.id", request.request_id)
-    span.set_attribute("session.id", request.identity.session_id)
-    span.set_attribute("trajectory.id", request.identity.trajectory_id)
-    span.set_attribute("harness.name", request.identity.harness)
+    """Make the request's root span the turn's ``chat {model}`` span with its who-and-what attributes, before
+    admission (a turn refused in the queue still shows whose it was); see ``turn_tracking.annotate_chat_span``."""
+    annotate_chat_span(request)
 
 
 # -- server-sent events ---------------------------------------------------------------------------
@@ -264,7 +259,7 @@ class TurnEndpoint:
         encoder: TurnEncoder,
         *,
         streaming: bool,
-        on_complete: Callable[[Frame], None] | None = None,
+        on_complete: Callable[[Frame], Awaitable[None]] | None = None,
     ) -> Response:
         """The response to ``request``; ``on_complete`` gets the reply of a turn that ended well."""
         if streaming:
@@ -272,7 +267,7 @@ class TurnEndpoint:
         return await cancel_on_disconnect(request, self._complete(stream, encoder, on_complete))
 
     async def _complete(
-        self, stream: ParseStream, encoder: TurnEncoder, on_complete: Callable[[Frame], None] | None
+        self, stream: ParseStream, encoder: TurnEncoder, on_complete: Callable[[Frame], Awaitable[None]] | None
     ) -> Response:
         async with contextlib.aclosing(stream):
             async for batch in stream:
@@ -282,12 +277,12 @@ class TurnEndpoint:
         encoder.close()  # read to the end: the parse service finishes its turn (prefix watch) before EOF
         reply = encoder.reply()
         if on_complete is not None:
-            on_complete(reply)
+            await on_complete(reply)
         return JSONResponse(reply)
 
     async def _stream(
         self, request: Request, stream: ParseStream, encoder: TurnEncoder,
-        on_complete: Callable[[Frame], None] | None,
+        on_complete: Callable[[Frame], Awaitable[None]] | None,
     ) -> Response:
         first = await first_frame(stream)
         head = encoder.start() + encoder.feed(first)
@@ -299,7 +294,7 @@ class TurnEndpoint:
 
     async def _body(
         self, head: list[Frame], stream: ParseStream, encoder: TurnEncoder, request_id: str,
-        on_complete: Callable[[Frame], None] | None,
+        on_complete: Callable[[Frame], Awaitable[None]] | None,
     ) -> AsyncIterator[bytes]:
         framing = self.framing
         yield framing.frames(head)
@@ -323,8 +318,8 @@ class TurnEndpoint:
                     if frames:
                         yield framing.frames(frames)
             tail = encoder.close()
-            if on_complete is not None:
-                on_complete(encoder.reply())
+            if on_complete is not None:  # awaited before the last frames: a next request may name this turn
+                await on_complete(encoder.reply())
         except Exception as exc:  # after the first byte every failure goes in-band
             yield framing.frames(encoder.fail(public_error(exc, request_id))) + framing.end
             return

@@ -64,29 +64,66 @@ class TraceRecord:
 
 
 class TraceRecordSink:
-    """Appends records to a JSONL file (``.gz``: gzip). Writes are small and buffered; ``close`` flushes."""
+    """Appends records to a JSONL file; ``close`` writes what is pending.
 
-    def __init__(self, path: str | Path) -> None:
+    A plain file is line-buffered (``tail -f`` works). A ``.gz`` file gets what accumulated as one complete
+    gzip member every ``flush_interval`` seconds (a file of concatenated members is one gzip stream to
+    ``gzip``, ``zcat`` and :func:`read_records`), so it is readable while the gateway runs and a crash loses
+    at most that interval; the compression happens on the sink's own thread, off the event loop.
+    """
+
+    def __init__(self, path: str | Path, flush_interval: float = 1.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[str]
-        if self.path.suffix == ".gz":
-            self._fh = gzip.open(self.path, "at", encoding="utf-8")  # noqa: SIM115 - open for the sink's life
-        else:
-            self._fh = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered: tail -f works
         self._lock = threading.Lock()
+        self._member_lock = threading.Lock()  # one member written at a time, in order
+        self._pending: list[str] = []
+        self._stop = threading.Event()
+        self._fh: IO[str] | None = None
+        self._flusher: threading.Thread | None = None
+        if self.path.suffix == ".gz":
+            self._flusher = threading.Thread(target=self._flush_every, args=(flush_interval,),
+                                             name="trace-records", daemon=True)
+            self._flusher.start()
+        else:
+            self._fh = self.path.open("a", encoding="utf-8", buffering=1)
 
     def write(self, record: TraceRecord) -> None:
         line = record.to_json() + "\n"
         with self._lock:
+            if self._fh is None:
+                self._pending.append(line)
+                return
             try:
                 self._fh.write(line)
             except (OSError, ValueError) as exc:  # a full disk must not fail requests
                 log.warning("gateway.trace_record_failed", path=str(self.path), error=str(exc))
 
+    def flush(self) -> None:
+        """Write the pending records of a ``.gz`` file as one gzip member (nothing to do for a plain file)."""
+        with self._member_lock:
+            with self._lock:
+                lines, self._pending = self._pending, []
+            if not lines:
+                return
+            try:
+                with self.path.open("ab") as fh:
+                    fh.write(gzip.compress("".join(lines).encode("utf-8")))
+            except OSError as exc:  # a full disk must not fail requests
+                log.warning("gateway.trace_record_failed", path=str(self.path), error=str(exc), records=len(lines))
+
+    def _flush_every(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.flush()
+
     def close(self) -> None:
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        self.flush()
         with self._lock:
-            self._fh.close()
+            if self._fh is not None:
+                self._fh.close()
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:

@@ -5,13 +5,19 @@ event batch to :meth:`Turn.observe`, so no handler does any of this itself. What
 (worker, usage, finish, dispatched calls, error) is read from a ``gateway.turn.TurnFold``, the same
 fold the APIs' encoders read. Per turn:
 
-* the current (root) span gets the identity and ``gen_ai.*`` attributes, and a link to the previous
-  turn of the same trajectory (bounded map session/trajectory -> last root span context);
-* the identity becomes W3C baggage for the gRPC call to parse, and rides on to every hop;
-* tool results in the request that answer calls we dispatched earlier become ``harness.tool`` spans
-  from our dispatch to their arrival (bounded map tool_call_id -> dispatch time and name);
-* at the end: TTFT / inter-token / end-to-end histograms, cached-token ratio, dispatch lead time, and
-  one trace record when a sink is configured.
+* the current (root) span becomes the GenAI conventions' ``chat {model}`` span (:func:`annotate_chat_span`:
+  identity under our names and ``gen_ai.*``, set once), with a link to the previous turn of the same
+  trajectory (bounded map session/trajectory -> last root span context);
+* the identity becomes W3C baggage for the call to parse (replacing any baggage the context had), and
+  rides on to every hop;
+* tool results in the request that answer calls we dispatched earlier become ``execute_tool {tool}``
+  spans from our dispatch to their arrival: the harness's tool time (bounded map tool_call_id -> dispatch
+  time and name);
+* at the end: the usage attributes (``gen_ai.usage.*``, once), TTFT / inter-token / end-to-end histograms,
+  cached-token ratio, dispatch lead time, and one trace record when a sink is configured.
+
+Span attributes are built only when the span records (a sampler kept it): nothing per token, nothing for
+an unsampled turn.
 """
 
 from __future__ import annotations
@@ -24,13 +30,20 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import context, trace
+from opentelemetry import baggage, context, trace
 
 from gateway.metrics import GatewayMetrics
 from gateway.trace_records import TraceRecord, TraceRecordSink
 from gateway.turn import OUTPUT, CallDispatched, ToolCall, TurnFold
 from services.api import chat_pb2
-from services.common.tracing import identity_context
+from services.common.tracing import (
+    GEN_AI_OPERATION,
+    GEN_AI_PROVIDER,
+    GEN_AI_REQUEST_MODEL,
+    PROVIDER_NAME,
+    conversation_attributes,
+    identity_context,
+)
 
 # The API a request arrived through; the HTTP middleware sets it per route, the gRPC edge is the default.
 API: ContextVar[str] = ContextVar("harnessmesh_api", default="grpc")
@@ -39,10 +52,39 @@ API: ContextVar[str] = ContextVar("harnessmesh_api", default="grpc")
 @dataclass(frozen=True)
 class _Dispatched:
     name: str
-    at_ns: int                       # wall clock, for the harness.tool span's start
+    at_ns: int                       # wall clock, for the execute_tool span's start
     at: float                        # monotonic
     turn: trace.SpanContext          # the root span of the turn that dispatched it
     harness: str
+
+
+def annotate_chat_span(request: chat_pb2.ChatRequest) -> None:
+    """Make the current span the turn's GenAI inference span: named ``chat {model}``, with the identity (our
+    names and ``gen_ai.*``) and the request's model and sampling settings.
+
+    Once per span (every API's handler calls it before admission, :meth:`TurnTracker.begin` again for callers
+    that did not); nothing when the span does not record.
+    """
+    span = trace.get_current_span()
+    if not span.is_recording() or getattr(span, "attributes", {}).get(GEN_AI_OPERATION) == "chat":
+        return
+    span.update_name(f"chat {request.model}")
+    ident, sampling = request.identity, request.sampling
+    attrs: dict[str, Any] = conversation_attributes(ident.session_id, ident.trajectory_id, ident.harness,
+                                                    anonymous=ident.anonymous)
+    attrs.update({GEN_AI_OPERATION: "chat", GEN_AI_PROVIDER: PROVIDER_NAME, GEN_AI_REQUEST_MODEL: request.model,
+                  "gen_ai.response.id": request.request_id, "model": request.model,
+                  "request.id": request.request_id, "harnessmesh.api": API.get()})
+    if ident.parent_trajectory_id:
+        attrs["trajectory.parent_id"] = ident.parent_trajectory_id
+    if sampling.max_tokens:
+        attrs["gen_ai.request.max_tokens"] = sampling.max_tokens
+    for field in ("temperature", "top_p", "top_k", "seed"):
+        if sampling.HasField(field):
+            attrs[f"gen_ai.request.{field}"] = getattr(sampling, field)
+    if sampling.stop:
+        attrs["gen_ai.request.stop_sequences"] = list(sampling.stop)
+    span.set_attributes(attrs)
 
 
 def _bounded_put(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
@@ -68,16 +110,7 @@ class TurnTracker:
         turn = Turn(self, request)
         root = trace.get_current_span()
         ident = request.identity
-        root.set_attributes({
-            "session.id": ident.session_id, "trajectory.id": ident.trajectory_id, "harness.name": ident.harness,
-            "gen_ai.conversation.id": ident.session_id, "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": request.model, "model": request.model, "request.id": request.request_id,
-            "harnessmesh.api": turn.api,
-        })
-        if ident.parent_trajectory_id:
-            root.set_attribute("trajectory.parent_id", ident.parent_trajectory_id)
-        if request.sampling.max_tokens:
-            root.set_attribute("gen_ai.request.max_tokens", request.sampling.max_tokens)
+        annotate_chat_span(request)
         root_ctx = root.get_span_context()
         if root_ctx.is_valid and not ident.anonymous:
             key = f"{ident.session_id}/{ident.trajectory_id}"
@@ -89,10 +122,12 @@ class TurnTracker:
         return turn
 
     def _tool_results(self, request: chat_pb2.ChatRequest, turn: Turn) -> None:
-        """``harness.tool`` spans for results of calls we dispatched (each recorded once)."""
+        """``execute_tool {tool}`` spans for results of calls we dispatched (each recorded once): the harness's
+        tool time, from our dispatch to the result's arrival, under the turn that carries the result."""
         if not self._dispatched:
             return
         now_ns, now = time.time_ns(), time.monotonic()
+        sampled = trace.get_current_span().get_span_context().trace_flags.sampled  # else no span would record
         for message in request.messages:
             if message.role != "tool" or not message.tool_call_id:
                 continue
@@ -100,21 +135,32 @@ class TurnTracker:
             if dispatched is None:
                 continue
             seconds = max(now - dispatched.at, 0.0)
-            links = [trace.Link(dispatched.turn, {"link.type": "dispatching_turn"})] \
-                if dispatched.turn.is_valid else []
-            span = self.tracer.start_span("harness.tool", context=turn.context, start_time=dispatched.at_ns,
-                                          links=links, attributes={
-                                              "gen_ai.tool.name": dispatched.name, "tool.name": dispatched.name,
-                                              "gen_ai.tool.call.id": message.tool_call_id,
-                                              "tool.call_id": message.tool_call_id, "tool.is_error": message.is_error,
-                                          })
-            if message.is_error:
-                span.set_status(trace.StatusCode.ERROR, "the tool reported an error")
-            span.end(end_time=max(now_ns, dispatched.at_ns))
+            if sampled:
+                self._tool_span(request, turn, dispatched, message, now_ns)
             turn.tool_results.append({"id": message.tool_call_id, "name": dispatched.name,
                                       "tool_ms": round(seconds * 1000, 3), "is_error": message.is_error})
             if self.metrics is not None:
                 self.metrics.harness_tool.labels(dispatched.harness or "unknown").observe(seconds)
+
+    def _tool_span(self, request: chat_pb2.ChatRequest, turn: Turn, dispatched: _Dispatched,
+                   message: chat_pb2.Message, now_ns: int) -> None:
+        ident = request.identity
+        attrs: dict[str, Any] = conversation_attributes(ident.session_id, ident.trajectory_id, ident.harness,
+                                                        anonymous=ident.anonymous)
+        attrs.update({GEN_AI_OPERATION: "execute_tool", GEN_AI_PROVIDER: PROVIDER_NAME,
+                      "gen_ai.tool.name": dispatched.name, "gen_ai.tool.call.id": message.tool_call_id,
+                      "gen_ai.tool.type": "function",  # run by the harness, not by us
+                      "tool.name": dispatched.name, "tool.call_id": message.tool_call_id,
+                      "tool.is_error": message.is_error})
+        if message.is_error:
+            attrs["error.type"] = "tool_error"
+        links = [trace.Link(dispatched.turn, {"link.type": "dispatching_turn"})] if dispatched.turn.is_valid else []
+        span = self.tracer.start_span(f"execute_tool {dispatched.name}", context=turn.context,
+                                      kind=trace.SpanKind.INTERNAL, start_time=dispatched.at_ns, links=links,
+                                      attributes=attrs)
+        if message.is_error:
+            span.set_status(trace.StatusCode.ERROR, "the tool reported an error")
+        span.end(end_time=max(now_ns, dispatched.at_ns))
 
     def dispatched(self, call_id: str, value: _Dispatched) -> None:
         _bounded_put(self._dispatched, call_id, value, self._limit)
@@ -130,7 +176,9 @@ class Turn:
         self.ts = time.time()
         self.started = time.monotonic()
         ident = request.identity
-        self.context = identity_context(ident.session_id, ident.trajectory_id, ident.harness)
+        # on a context without baggage: only the identity we resolved goes on to the inner hops
+        self.context = identity_context(ident.session_id, ident.trajectory_id, ident.harness,
+                                        parent=baggage.clear())
         self.first: float | None = None
         self.last: float | None = None
         self.fold = TurnFold()
@@ -190,15 +238,8 @@ class Turn:
         if self.first is not None and self.last is not None and usage.completion_tokens > 1:
             itl = (self.last - self.first) / (usage.completion_tokens - 1)
         root = trace.get_current_span()
-        root.set_attributes({
-            "gen_ai.usage.input_tokens": prompt, "gen_ai.usage.output_tokens": usage.completion_tokens,
-            "gen_ai.usage.cached_tokens": cached, "gen_ai.response.model": model,
-            "harnessmesh.worker_id": fold.worker_id, "harnessmesh.outcome": outcome,
-        })
-        if fold.finish_name:
-            root.set_attribute("gen_ai.response.finish_reasons", [fold.finish_name])
-        if ttft is not None:
-            root.set_attribute("harnessmesh.ttft_ms", round(ttft * 1000, 3))
+        if root.is_recording():
+            root.set_attributes(self._usage_attributes(outcome, ttft))
         metrics = self._tracker.metrics
         if metrics is not None:
             labels = (model, self.api)
@@ -218,6 +259,25 @@ class Turn:
                 metrics.tool_dispatch_lead.labels(*labels).observe(now - at)
         if self._tracker.records is not None:
             self._tracker.records.write(self._record(outcome, ttft, itl, now))
+
+    def _usage_attributes(self, outcome: str, ttft: float | None) -> dict[str, Any]:
+        fold, usage = self.fold, self.fold.usage
+        attrs: dict[str, Any] = {
+            "gen_ai.usage.input_tokens": usage.prompt_tokens, "gen_ai.usage.output_tokens": usage.completion_tokens,
+            "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,  # part of input_tokens
+            "gen_ai.response.model": self.request.model,
+            "harnessmesh.worker_id": fold.worker_id, "harnessmesh.outcome": outcome,
+        }
+        if usage.reasoning_tokens:
+            attrs["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens  # part of output_tokens
+        if fold.finish_name:
+            attrs["gen_ai.response.finish_reasons"] = [fold.finish_name]
+        if ttft is not None:
+            attrs["gen_ai.response.time_to_first_chunk"] = round(ttft, 6)
+            attrs["harnessmesh.ttft_ms"] = round(ttft * 1000, 3)
+        if outcome == "error":
+            attrs["error.type"] = type(fold.error).__name__ if fold.error is not None else "_OTHER"
+        return attrs
 
     def _record(self, outcome: str, ttft: float | None, itl: float | None, now: float) -> TraceRecord:
         ident, fold, usage = self.request.identity, self.fold, self.fold.usage

@@ -4,8 +4,9 @@ Run: ``python -m services.common.build_demo_model``.
 
 The demo model is a byte-level BPE tokenizer trained here on a small synthetic corpus, with the
 special tokens of a Qwen3-style format; its ChatML/Qwen3-style chat template, written for this
-project, is kept in the model directory itself (``demo_model/chat_template.jinja``). It carries no
-weights: the mocker engine needs only the tokenizer and the template. The
+project, is kept in the model directory itself (``demo_model/chat_template.jinja``), and so is the
+mocker script served when ``harnessmesh up`` gets no ``--script`` (``demo_model/mocker_script.jsonl``: the
+README's examples). It carries no weights: the mocker engine needs only the tokenizer and the template. The
 output is committed; rerunning this script reproduces it.
 """
 
@@ -78,6 +79,9 @@ def build_tokenizer() -> Tokenizer:
 
 # The template is hand-written and lives only in the committed model directory; a build elsewhere copies it.
 CHAT_TEMPLATE = DEMO_MODEL_DIR / "chat_template.jinja"
+# Likewise the mocker script `harnessmesh up` serves without --script (the README's examples).
+MOCKER_SCRIPT = DEMO_MODEL_DIR / "mocker_script.jsonl"
+HAND_WRITTEN = (CHAT_TEMPLATE, MOCKER_SCRIPT)
 
 
 def main() -> None:
@@ -98,7 +102,8 @@ def main() -> None:
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     if out.resolve() != DEMO_MODEL_DIR.resolve():
-        (out / "chat_template.jinja").write_text(CHAT_TEMPLATE.read_text())
+        for hand_written in HAND_WRITTEN:
+            (out / hand_written.name).write_text(hand_written.read_text())
     eos = [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")]
     config = {
         "architectures": ["HarnessmeshDemoForCausalLM"],

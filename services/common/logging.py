@@ -3,13 +3,20 @@
 Every line logged while a request is current carries ``trace_id``/``span_id`` and the request's
 identity (``session_id``, ``trajectory_id``, ``harness``): from the baggage that crossed the gRPC hop,
 or from the current span's attributes (the gateway's root span, before any baggage exists).
+
+Records of the standard ``logging`` module (grpc, uvicorn, OpenTelemetry's SDK) become the same JSON lines
+(``event`` is their message, ``logger`` their logger's name). The OTLP exporter's retry and failure lines
+while a collector is down become one ``tracing.export_failed`` warning, then at most one per
+:data:`EXPORT_FAILURE_INTERVAL` seconds with the count of those left out.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import MutableMapping
+import threading
+import time
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
@@ -18,6 +25,8 @@ from opentelemetry import trace
 from services.common.tracing import IDENTITY_KEYS, current_identity
 
 _LOG_NAMES = {"session.id": "session_id", "trajectory.id": "trajectory_id", "harness.name": "harness"}
+EXPORT_FAILURE_INTERVAL = 300.0  # seconds between two tracing.export_failed lines
+_EXPORTER_LOGGERS = "opentelemetry.exporter"
 
 
 def _add_trace_ids(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -51,6 +60,46 @@ class _ClosedStreamDetachFilter(logging.Filter):
         return not (benign and record.getMessage() == "Failed to detach context")
 
 
+class ExportFailureFilter(logging.Filter):
+    """Turns the OTLP exporters' warnings and errors (a retry per batch, then a failure, for as long as the
+    collector is down) into one ``tracing.export_failed`` warning, then at most one per ``interval`` seconds,
+    each counting the lines left out since the previous one. Other records pass unchanged."""
+
+    def __init__(self, interval: float = EXPORT_FAILURE_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()  # exporters log from their own threads
+        self._last: float | None = None
+        self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not record.name.startswith(_EXPORTER_LOGGERS):
+            return True
+        now = self._clock()
+        with self._lock:
+            if self._last is not None and now - self._last < self.interval:
+                self._left_out += 1
+                return False
+            left_out, self._left_out, self._last = self._left_out, 0, now
+        structlog.get_logger().warning("tracing.export_failed", detail=record.getMessage(), left_out=left_out,
+                                       logger=record.name, next_in_s=self.interval)
+        return False
+
+
+def _service_name(service: str) -> Callable[[Any, str, MutableMapping[str, Any]], MutableMapping[str, Any]]:
+    """Adds ``service`` to lines logged from threads, which do not see the main thread's context variables."""
+    def add(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        event_dict.setdefault("service", service)
+        return event_dict
+    return add
+
+
+class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The stderr handler ``configure_logging`` installs on the root logger (replaced by a second call)."""
+
+
 def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
     """Route structlog and stdlib logging to stderr as JSON (or console) with trace ids."""
     numeric = logging.getLevelName(level.upper())
@@ -59,12 +108,16 @@ def configure_logging(service: str, level: str = "info", fmt: str = "json") -> N
     renderer: Any = (
         structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
+    shared: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _add_trace_ids,
+        _service_name(service),
+    ]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _add_trace_ids,
+            *shared,
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -73,5 +126,15 @@ def configure_logging(service: str, level: str = "info", fmt: str = "json") -> N
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(service=service)
-    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr, format="%(name)s %(message)s")
+    handler = _StdlibHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.format_exc_info,
+                    renderer]))
+    handler.addFilter(ExportFailureFilter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StdlibHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(max(numeric, logging.WARNING))
     logging.getLogger("opentelemetry.context").addFilter(_ClosedStreamDetachFilter())

@@ -12,20 +12,34 @@ Identity: who a request belongs to travels as W3C baggage (``session.id``, ``tra
 injects and extracts both through the global propagator). :class:`IdentitySpanProcessor` copies those
 entries onto every span a process starts, so each span is searchable by session in Jaeger, and the
 log processor in ``services.common.logging`` puts them on every log line.
+
+Edges: a harness may send a W3C ``traceparent`` (+ ``tracestate``); :func:`incoming_parent` (HTTP) and the
+gRPC instrumentation (the public ``AgentService``) make our turn a child of the harness's span, so one trace
+spans the harness's loop and our hops. Baggage from outside is never taken: identity comes from the request
+(``gateway.identity``), and :class:`_EdgeBaggageFilter` hides a caller's ``baggage`` from the extraction on
+the public gRPC service, so nothing a client sends there rides on to the inner hops or onto spans and logs.
+
+GenAI: :func:`conversation_attributes` gives the identity under our names and under OpenTelemetry's GenAI
+semantic conventions (``gen_ai.conversation.id``, ``gen_ai.agent.*``); the gateway's chat span and the
+parse spans carry them (see docs/tracing.md).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import grpc
 from opentelemetry import baggage, context, trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor, filters
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from services.api import chat_pb2
 from services.common.mux import SERVICE_NAME as MUX_SERVICE
 
 # Baggage keys == span attribute names (Jaeger tag search: session.id=...).
@@ -33,6 +47,20 @@ SESSION = "session.id"
 TRAJECTORY = "trajectory.id"
 HARNESS = "harness.name"
 IDENTITY_KEYS = (SESSION, TRAJECTORY, HARNESS)
+
+# OpenTelemetry GenAI semantic conventions (open-telemetry/semantic-conventions-genai, status Development).
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_PROVIDER = "gen_ai.provider.name"
+GEN_AI_CONVERSATION = "gen_ai.conversation.id"
+GEN_AI_AGENT_ID = "gen_ai.agent.id"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+# Our gen_ai.provider.name: not one of the well-known values, which name hosted vendors.
+PROVIDER_NAME = "harnessmesh"
+
+# The public gRPC service: its callers are clients, not mesh peers (their baggage is not taken).
+EDGE_SERVICE = chat_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+_W3C_TRACE_CONTEXT = TraceContextTextMapPropagator()
 
 
 def _exporter(environ: Mapping[str, str]) -> SpanExporter | None:
@@ -96,6 +124,39 @@ def identity_context(session_id: str, trajectory_id: str, harness: str,
     return ctx
 
 
+def conversation_attributes(session_id: str, trajectory_id: str, harness: str, *,
+                            anonymous: bool = False) -> dict[str, str]:
+    """The identity as span attributes, under our names and the GenAI conventions' names.
+
+    ``gen_ai.conversation.id`` is the session, ``gen_ai.agent.id`` the trajectory (one agent's line of turns:
+    Claude Code's sub-agent id, Codex's thread) and ``gen_ai.agent.name`` the harness. An ``anonymous``
+    session was made up by the gateway for one request: the conventions ask for no invented conversation
+    id, so it gets no GenAI identity (``session.id`` still names it).
+    """
+    attrs = {SESSION: session_id, TRAJECTORY: trajectory_id, HARNESS: harness}
+    if not anonymous:
+        if session_id:
+            attrs[GEN_AI_CONVERSATION] = session_id
+        if trajectory_id:
+            attrs[GEN_AI_AGENT_ID] = trajectory_id
+    if harness:
+        attrs[GEN_AI_AGENT_NAME] = harness
+    return attrs
+
+
+def incoming_parent(carrier: Mapping[str, str | Sequence[str]]) -> context.Context | None:
+    """The caller's span as a parent context, from W3C ``traceparent`` / ``tracestate`` in ``carrier``
+    (lower-case names; a header sent more than once as a list); None when there is no valid ``traceparent``.
+
+    Only the trace context is read, into an empty context: a caller's baggage is never taken (identity comes
+    from the request). The caller's sampled flag is honoured by the parent-based samplers.
+    """
+    if "traceparent" not in carrier:
+        return None
+    ctx = _W3C_TRACE_CONTEXT.extract(carrier)
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
 def current_identity(ctx: context.Context | None = None) -> dict[str, str]:
     """The identity entries of the baggage in ``ctx`` (default: the current context)."""
     entries = baggage.get_all(ctx)
@@ -131,6 +192,65 @@ class IdentitySpanProcessor(SpanProcessor):
         return True
 
 
+class _WithoutBaggage:
+    """A servicer context whose call metadata lacks ``baggage``; everything else is the wrapped context's."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self._wrapped = wrapped
+
+    def invocation_metadata(self) -> tuple[Any, ...]:
+        return tuple(md for md in self._wrapped.invocation_metadata() or () if md[0] != "baggage")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+_HANDLER_KINDS: dict[str, Callable[..., grpc.RpcMethodHandler]] = {
+    "unary_unary": grpc.unary_unary_rpc_method_handler, "unary_stream": grpc.unary_stream_rpc_method_handler,
+    "stream_unary": grpc.stream_unary_rpc_method_handler, "stream_stream": grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _hide_baggage(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.isasyncgenfunction(behavior):
+        async def stream(request: Any, servicer_context: Any) -> AsyncIterator[Any]:
+            async for response in behavior(request, _WithoutBaggage(servicer_context)):
+                yield response
+        return stream
+
+    async def call(request: Any, servicer_context: Any) -> Any:
+        result: Awaitable[Any] = behavior(request, _WithoutBaggage(servicer_context))
+        return await result
+    return call
+
+
+class _EdgeBaggageFilter(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc.aio has no stubs
+    """Hides a caller's ``baggage`` metadata from everything after it on :data:`EDGE_SERVICE` (the trace
+    context still comes through): placed before the tracing interceptor, whose extraction then sees none."""
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method or ""  # type: ignore[attr-defined]
+        if handler is None or not method.startswith(f"/{EDGE_SERVICE}/"):
+            return handler
+        for kind, factory in _HANDLER_KINDS.items():
+            behavior = getattr(handler, kind)
+            if behavior is not None:
+                return factory(_hide_baggage(behavior), request_deserializer=handler.request_deserializer,
+                               response_serializer=handler.response_serializer)
+        return handler
+
+
+def server_interceptors(provider: TracerProvider) -> list[Any]:
+    """A gRPC server's tracing interceptors: a server span per call, a child of the caller's trace context
+    (baggage taken from mesh peers, never from callers of :data:`EDGE_SERVICE`)."""
+    # A mux session outlives every request on it; its streams carry their own trace context.
+    return [_EdgeBaggageFilter(),
+            aio_server_interceptor(tracer_provider=provider,
+                                   filter_=filters.negate(filters.service_name(MUX_SERVICE)))]
+
+
 class Tracing:
     """The process's tracer provider plus the gRPC interceptors that propagate its context."""
 
@@ -153,9 +273,7 @@ class Tracing:
         return self._processor is not None
 
     def server_interceptors(self) -> Sequence[Any]:
-        # A mux session outlives every request on it; its streams carry their own trace context.
-        return [aio_server_interceptor(tracer_provider=self.provider,
-                                       filter_=filters.negate(filters.service_name(MUX_SERVICE)))]
+        return server_interceptors(self.provider)
 
     def client_interceptors(self) -> Sequence[Any]:
         return list(aio_client_interceptors(tracer_provider=self.provider))

@@ -8,6 +8,9 @@ reasoning levels, truncation policy, ... from the model catalog) and prints, per
 - ``pi``: ``~/.pi/agent/models.json``;
 - ``openclaw``: the ``models.providers`` / ``agents.defaults.model`` part of ``openclaw.json``.
 
+pi and OpenClaw get one provider per API: ``harnessmesh`` (Chat Completions, the default),
+``harnessmesh-responses`` (Responses) and ``harnessmesh-anthropic`` (Anthropic Messages), each with the model.
+
 ``--only catalog`` prints just the machine-readable part (Codex's catalog JSON, pi's or OpenClaw's
 JSON), for scripts.
 """
@@ -176,19 +179,29 @@ def _pi_model(card: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _provider(card: dict[str, Any], url: str, api_key: str) -> dict[str, Any]:
-    return {"baseUrl": url + "/v1", "api": "openai-completions", "apiKey": api_key, "models": [_pi_model(card)]}
+# pi's and OpenClaw's provider per API the mesh serves: (provider name, their `api`, base URL suffix). The
+# Anthropic SDK they use appends /v1/messages itself; the OpenAI one appends /chat/completions or /responses.
+_PROVIDERS = (
+    ("harnessmesh", "openai-completions", "/v1"),
+    ("harnessmesh-responses", "openai-responses", "/v1"),
+    ("harnessmesh-anthropic", "anthropic-messages", ""),
+)
+
+
+def _providers(card: dict[str, Any], url: str, api_key: str) -> dict[str, Any]:
+    return {name: {"baseUrl": url + suffix, "api": api, "apiKey": api_key, "models": [_pi_model(card)]}
+            for name, api, suffix in _PROVIDERS}
 
 
 def pi(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
     """``~/.pi/agent/models.json``, whole: stdout is the file (where to put it goes to stderr)."""
-    body = json.dumps({"providers": {"harnessmesh": _provider(card, url, API_KEY_ENV)}}, indent=2)
+    body = json.dumps({"providers": _providers(card, url, API_KEY_ENV)}, indent=2)
     return body, body
 
 
 def openclaw(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
     config = {
-        "models": {"mode": "merge", "providers": {"harnessmesh": _provider(card, url, "${" + API_KEY_ENV + "}")}},
+        "models": {"mode": "merge", "providers": _providers(card, url, "${" + API_KEY_ENV + "}")},
         "agents": {"defaults": {"model": {"primary": f"harnessmesh/{card['id']}"}}},
     }
     body = json.dumps(config, indent=2)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -56,6 +57,7 @@ class Mesh:
     async def start(self) -> Endpoints:
         deadline = deadline_in(self.launcher.startup_timeout)
         self.launcher.tls().check()  # before anything starts: a missing file is one clear line
+        _check_model(self.values)
         nats_url, nats_token = self.launcher.nats_url, self.launcher.nats_token
         if not nats_url:
             nats = NatsServer(self.launcher.nats_port or free_port(), self.launcher.tls())
@@ -129,6 +131,13 @@ class Mesh:
     async def stop(self) -> None:
         await self.supervisor.stop()
         log.info("mesh.stopped")
+
+
+def _check_model(values: dict[str, Any]) -> None:
+    """A ``--model`` that is no directory fails here, naming it, not in each worker after NATS started."""
+    model = str(values.get("model") or "")
+    if model and not Path(model).is_dir():
+        raise ValueError(f"--model {model!r}: no such directory (a Hugging Face model directory is expected)")
 
 
 def ready_line(endpoints: Endpoints) -> str:

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import structlog
 
 from services.common.grpc_util import check_health, open_channel
+from services.common.settings import fields_of
 from services.common.tls import PLAINTEXT, TlsFiles
 from services.launcher.specs import ServiceSpec, child_argv, child_secrets
 
@@ -99,6 +100,12 @@ class Child:
             return ""
         return self.log_path.read_text(errors="replace")[-LOG_TAIL:]
 
+    def describe(self) -> str:
+        """``name`` and where it was to listen (its ``*port`` options, and its gRPC address), for start-up errors."""
+        ports = [f"{f.name} {getattr(self.settings, f.name)}" for f in fields_of(type(self.settings))
+                 if f.name.endswith("port") and getattr(self.settings, f.name)] if self.settings is not None else []
+        return f"{self.name} ({', '.join([f'gRPC {self.grpc_address}', *ports])})"
+
 
 class Supervisor:
     """The child processes of one mesh (see module docstring).
@@ -157,8 +164,8 @@ class Supervisor:
             status = child.process.returncode
             if status is not None:
                 tail = child.log_tail()
-                raise RuntimeError(f"{child.name} exited with status {status} during start-up"
-                                   + (f":\n{tail}" if tail else ""))
+                raise RuntimeError(f"{child.describe()} exited with status {status} during start-up"
+                                   + (f":\n{tail}" if tail else " (its start_failed line says why)"))
 
     async def wait_healthy(self, children: Sequence[Child], deadline: float) -> None:
         """Wait until each child's gRPC health check says SERVING."""

@@ -1,21 +1,26 @@
 """Agent tracing on the real mesh, exported over real OTLP to an in-test collector.
 
 A two-turn tool loop with session and trajectory ids: each turn is one trace across all four
-processes with correct parent/child links, every span carries the identity, turn 2 links to turn 1,
-the dispatch event and the ``harness.tool`` span name the tool. With the collector down requests
-still succeed.
+processes with correct parent/child links, its root is the GenAI ``chat {model}`` span with the GenAI
+identity and usage attributes, every span carries the identity, turn 2 links to turn 1, the dispatch
+event and the ``execute_tool {tool}`` span name the tool. A harness's W3C ``traceparent`` on each API (the
+three HTTP APIs and the gRPC edge) makes the turn a child of the harness's span in the harness's trace,
+and the baggage it sends reaches no span. With the collector down requests still succeed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 
+from services.api import chat_pb2, chat_pb2_grpc, common_pb2
 from tests.e2e.conftest import SCRIPT, WEATHER_TOOL
 from tests.support.mesh import RunningMesh, running_mesh
 from tests.support.nats import free_port
@@ -24,6 +29,7 @@ from tests.support.otlp import Collector, ReceivedSpan
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 SERVICES = {"harnessmesh-gateway", "harnessmesh-parse", "harnessmesh-router", "harnessmesh-worker"}
+CHAT = "chat demo"  # the GenAI conventions' inference span name: "{gen_ai.operation.name} {gen_ai.request.model}"
 
 
 async def _wait_for(collector: Collector, done: Any, what: str) -> list[ReceivedSpan]:
@@ -45,7 +51,7 @@ async def test_one_request_is_one_trace_across_every_process(
     assert response.status_code == 200
 
     def complete(spans: list[ReceivedSpan]) -> bool:
-        roots = [s for s in spans if s.attributes.get("session.id") == "sess-trace-1" and s.name == "gateway.request"]
+        roots = [s for s in spans if s.attributes.get("session.id") == "sess-trace-1" and s.name == CHAT]
         return bool(roots) and {s.service for s in spans if s.trace_id == roots[0].trace_id} >= SERVICES
 
     await _wait_for(collector[1], complete, "spans of all four services")
@@ -74,7 +80,7 @@ async def test_two_turn_tool_loop_is_traced_per_turn(mesh: RunningMesh, collecto
         assert "22 degrees" in second.json()["choices"][0]["message"]["content"]
 
     def roots_of(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
-        return sorted((s for s in spans if s.name == "gateway.request" and s.attributes.get("session.id") == session),
+        return sorted((s for s in spans if s.name == CHAT and s.attributes.get("session.id") == session),
                       key=lambda s: s.start_ns)
 
     def complete(spans: list[ReceivedSpan]) -> bool:
@@ -82,7 +88,7 @@ async def test_two_turn_tool_loop_is_traced_per_turn(mesh: RunningMesh, collecto
         return len(roots) == 2 and all(
             {s.service for s in _trace(spans, r.trace_id)} >= SERVICES
             and any(s.name == "parse.stream" for s in _trace(spans, r.trace_id)) for r in roots) \
-            and any(s.name == "harness.tool" for s in _trace(spans, roots[1].trace_id))
+            and any(s.name == "execute_tool get_weather" for s in _trace(spans, roots[1].trace_id))
 
     spans = await _wait_for(collector[1], complete, "both turns' traces")
     await asyncio.sleep(0.5)  # stragglers of the same batch
@@ -103,6 +109,17 @@ async def test_two_turn_tool_loop_is_traced_per_turn(mesh: RunningMesh, collecto
         chain = {s.name: s for s in tree}
         for name in ("parse.render", "parse.stream", "router.route", "worker.generate"):
             assert name in chain, (name, sorted(chain))
+        genai = root.attributes
+        assert (genai["gen_ai.operation.name"], genai["gen_ai.provider.name"]) == ("chat", "harnessmesh")
+        assert (genai["gen_ai.request.model"], genai["gen_ai.response.model"]) == ("demo", "demo")
+        assert (genai["gen_ai.conversation.id"], genai["gen_ai.agent.id"], genai["gen_ai.agent.name"]) == \
+            (session, trajectory, "my-agent")
+        assert genai["gen_ai.usage.input_tokens"] > 0 and genai["gen_ai.usage.output_tokens"] > 0
+        assert 0 <= genai["gen_ai.usage.cache_read.input_tokens"] <= genai["gen_ai.usage.input_tokens"]
+        assert genai["gen_ai.usage.reasoning.output_tokens"] > 0  # both scripted turns think first
+        assert genai["gen_ai.response.time_to_first_chunk"] > 0
+        for name in ("parse.render", "parse.stream"):
+            assert chain[name].attributes["gen_ai.conversation.id"] == session, name
         # across processes: worker.generate <- worker server span <- router client span <- router.route
         route = chain["router.route"]
         ancestor = by_id[chain["worker.generate"].parent_span_id]
@@ -119,12 +136,96 @@ async def test_two_turn_tool_loop_is_traced_per_turn(mesh: RunningMesh, collecto
     dispatch = [attrs for name, attrs in stream1.events if name == "tool_call.dispatch"]
     assert [(d["tool_call.id"], d["tool_call.name"]) for d in dispatch] == [(call["id"], "get_weather")]
     assert dispatch[0]["tool_call.since_first_token_ms"] >= 0
-    (tool,) = [s for s in _trace(spans, turn2.trace_id) if s.name == "harness.tool"]
+    assert turn1.attributes["gen_ai.response.finish_reasons"] == ["tool_calls"]
+    assert turn2.attributes["gen_ai.usage.cache_read.input_tokens"] > 0  # turn 1's prompt, kept on its worker
+    (tool,) = [s for s in _trace(spans, turn2.trace_id) if s.name == "execute_tool get_weather"]
     assert tool.parent_span_id == turn2.span_id and (turn1.trace_id, turn1.span_id) in tool.links
-    assert tool.attributes["gen_ai.tool.name"] == "get_weather" and tool.attributes["tool.call_id"] == call["id"]
-    assert tool.attributes["tool.is_error"] is False
+    assert (tool.attributes["gen_ai.operation.name"], tool.attributes["gen_ai.tool.name"]) == \
+        ("execute_tool", "get_weather")
+    assert tool.attributes["gen_ai.tool.call.id"] == tool.attributes["tool.call_id"] == call["id"]
+    assert tool.attributes["gen_ai.conversation.id"] == session and tool.attributes["tool.is_error"] is False
     assert tool.end_ns - tool.start_ns >= 150_000_000  # our dispatch -> the result's arrival spans the tool run
     assert turn2.attributes["gen_ai.usage.input_tokens"] > 0 and turn2.attributes["harnessmesh.worker_id"]
+
+
+# What a harness that traces its own loop sends (OpenClaw: one trace id across the loop), plus baggage that
+# claims another identity: only the trace context may be taken from it.
+HOSTILE_BAGGAGE = "session.id=evil-session,trajectory.id=evil-trajectory,harness.name=evil-harness,x-extra=evil"
+
+
+async def _http_turn(http: httpx.AsyncClient, api: str, headers: dict[str, str]) -> None:
+    messages = [{"role": "user", "content": f"joined turn via {api}"}]
+    if api == "openai":
+        path, body = "/v1/chat/completions", {"model": "demo", "max_tokens": 4, "messages": messages}
+    elif api == "anthropic":
+        path, body = "/v1/messages", {"model": "demo", "max_tokens": 4, "messages": messages}
+        headers = {**headers, "anthropic-version": "2023-06-01"}
+    else:
+        path, body = "/v1/responses", {"model": "demo", "max_output_tokens": 4, "input": f"joined turn via {api}"}
+    response = await http.post(path, json=body, headers=headers)
+    assert response.status_code == 200, (api, response.text)
+
+
+async def _grpc_turn(target: str, headers: dict[str, str]) -> None:
+    request = chat_pb2.ChatRequest(model="demo", sampling=common_pb2.SamplingParams(max_tokens=4), messages=[
+        chat_pb2.Message(role="user", parts=[chat_pb2.Part(text="joined turn via grpc")])])
+    async with grpc.aio.insecure_channel(target) as channel:
+        batches = [b async for b in chat_pb2_grpc.AgentServiceStub(channel).Chat(request,
+                                                                                metadata=tuple(headers.items()))]
+    assert any(e.HasField("finish") for b in batches for e in b.events)
+
+
+def _subtree(spans: list[ReceivedSpan], root: ReceivedSpan) -> list[ReceivedSpan]:
+    by_id = {s.span_id: s for s in spans}
+    out = []
+    for span in spans:
+        node: ReceivedSpan | None = span
+        while node is not None and node.span_id != root.span_id:
+            node = by_id.get(node.parent_span_id)
+        if node is not None:
+            out.append(span)
+    return out
+
+
+async def test_a_harness_traceparent_makes_every_api_join_the_harness_trace(
+    mesh: RunningMesh, collector: tuple[str, Collector]
+) -> None:
+    trace_id, session = os.urandom(16).hex(), "sess-joined-3"
+    parents = {api: os.urandom(8).hex() for api in ("openai", "anthropic", "responses", "grpc")}
+
+    def headers(api: str) -> dict[str, str]:
+        return {"traceparent": f"00-{trace_id}-{parents[api]}-01", "tracestate": "openclaw=loop",
+                "baggage": HOSTILE_BAGGAGE, "x-session-id": session, "x-trajectory-id": f"traj-{api}"}
+
+    async with httpx.AsyncClient(base_url=mesh.http, timeout=30) as http:
+        for api in ("openai", "anthropic", "responses"):
+            await _http_turn(http, api, headers(api))
+    await _grpc_turn(mesh.grpc, headers("grpc"))
+
+    def roots(spans: list[ReceivedSpan]) -> dict[str, ReceivedSpan]:
+        return {s.attributes.get("harnessmesh.api", ""): s for s in spans
+                if s.trace_id == trace_id and s.name == CHAT and s.service == "harnessmesh-gateway"}
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        found = roots(spans)
+        joined = _trace(spans, trace_id)
+        return set(found) == set(parents) and all(
+            {s.service for s in _subtree(joined, root)} >= SERVICES for root in found.values())
+
+    await _wait_for(collector[1], complete, "four joined turns across every process")
+    await asyncio.sleep(0.5)  # stragglers of the same batch
+    spans = _trace(collector[1].snapshot(), trace_id)
+    for api, root in roots(spans).items():
+        assert root.parent_span_id == parents[api], api  # a child of the harness's span, in the harness's trace
+        assert (root.attributes["gen_ai.conversation.id"], root.attributes["gen_ai.agent.id"]) == \
+            (session, f"traj-{api}"), api
+        assert root.attributes["gen_ai.usage.output_tokens"] > 0, api
+        for span in _subtree(spans, root):
+            assert span.attributes.get("session.id") == session, (api, span.service, span.name)
+            assert span.attributes.get("trajectory.id") == f"traj-{api}", (api, span.service, span.name)
+    assert not [s for s in spans if "evil" in repr(s.attributes)]  # the baggage reached no span anywhere
+    assert {s.parent_span_id for s in spans if s.parent_span_id not in {x.span_id for x in spans}} == \
+        set(parents.values())  # nothing else hangs off the harness's trace
 
 
 @pytest.fixture(scope="module")

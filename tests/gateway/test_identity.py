@@ -71,6 +71,10 @@ def test_anthropic_precedence() -> None:
     assert _ids(anthropic(CLAUDE, USER_ID)) == ("cc-s", "cc-agent")
     main_agent = {"x-claude-code-session-id": "cc-s"}
     assert _ids(anthropic(main_agent, USER_ID)) == ("cc-s", "cc-s")  # the main agent: trajectory = session
+    assert anthropic(main_agent, USER_ID).parent_trajectory_id == ""
+    # What Claude Code 2.1.330 sends for a sub-agent: the parent's session, its own agent id, no parent header.
+    sub_agent = anthropic({**main_agent, "x-claude-code-agent-id": "a1ef6cc7e38183338"}, USER_ID)
+    assert _ids(sub_agent) == ("cc-s", "a1ef6cc7e38183338") and sub_agent.parent_trajectory_id == "cc-s"
     assert _ids(anthropic({}, USER_ID)) == ("meta-s", "meta-s")
     assert _ids(anthropic({}, "user_abc_account_x_session_123")) == ("123", "123")
 

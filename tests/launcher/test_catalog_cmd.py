@@ -73,9 +73,15 @@ async def test_claude_code_pi_openclaw(served: str, capsys: pytest.CaptureFixtur
     model = pi["providers"]["harnessmesh"]["models"][0]
     assert model == {"id": "demo", "name": "demo", "reasoning": True, "input": ["text"], "contextWindow": 32768,
                      "maxTokens": 8192, "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}
+    # one provider per API (the Anthropic SDK appends /v1/messages to its base URL itself)
+    assert {name: (p["api"], p["baseUrl"]) for name, p in pi["providers"].items()} == {
+        "harnessmesh": ("openai-completions", served + "/v1"),
+        "harnessmesh-responses": ("openai-responses", served + "/v1"),
+        "harnessmesh-anthropic": ("anthropic-messages", served)}
     claw: Any = json.loads(await run_cli(capsys, "openclaw", "--url", served, "--only", "catalog"))
     assert claw["agents"]["defaults"]["model"]["primary"] == "harnessmesh/demo"
     assert claw["models"]["providers"]["harnessmesh"]["baseUrl"] == served + "/v1"
+    assert claw["models"]["providers"]["harnessmesh-anthropic"]["api"] == "anthropic-messages"
 
 
 async def test_unknown_model_and_unreachable_mesh(served: str) -> None:

@@ -1,22 +1,30 @@
-"""Driving real harness clients (Claude Code, Codex) against a scripted mesh.
+"""Driving real harness clients (Claude Code, Codex, pi, OpenClaw) against a scripted mesh.
 
 ``.ci/harnesses/install.sh`` installs the clients pinned in ``.ci/harnesses/clients.txt``; the tests
 that drive them run only inside ``.ci/harnesses/offline.sh`` (``HARNESS_OFFLINE=1``), where a client
 can reach the mesh on 127.0.0.1 and nothing else. Each run gets none of this process's environment:
 a fresh ``HOME`` in ``WORKDIR/home``, the working directory ``WORKDIR/work``, stdin from /dev/null,
 stdout and stderr in ``WORKDIR/stdout.txt`` / ``WORKDIR/stderr.txt``, and only the variables that
-point the client at the mesh and keep it offline-clean.
+point the client at the mesh and keep it offline-clean. pi and OpenClaw are configured with what
+``harnessmesh catalog pi|openclaw`` prints, saved whole where the README says. :class:`RecordingProxy`
+sits between a client and the gateway when a test needs what the client really sent (headers, bodies).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +148,14 @@ def write_script(path: Path, lines: Sequence[Mapping[str, str]]) -> Path:
 
 
 @contextmanager
-def scripted_mesh(tmp: Path, script: Sequence[Mapping[str, str]], model: str) -> Iterator[RunningMesh]:
-    """One mocker worker that speaks the demo model's Qwen3-style format, serving ``model``."""
+def scripted_mesh(tmp: Path, script: Sequence[Mapping[str, str]], model: str, extra_args: Sequence[str] = (),
+                  env: dict[str, str] | None = None) -> Iterator[RunningMesh]:
+    """One mocker worker that speaks the demo model's Qwen3-style format, serving ``model``; ``extra_args`` go to
+    ``harnessmesh up`` (e.g. ``--trace-records``), ``env`` to its environment (e.g. an OTLP exporter)."""
     path = write_script(tmp / "script.jsonl", script)
     args = ["--workers", "1", "--speedup", "50", "--script", str(path), "--reasoning-parser", "qwen3",
-            "--tool-parser", "hermes", "--served-model-name", model, "--block-size", "16"]
-    with running_mesh(args, tmp / "mesh.log") as mesh:
+            "--tool-parser", "hermes", "--served-model-name", model, "--block-size", "16", *extra_args]
+    with running_mesh(args, tmp / "mesh.log", env=env) as mesh:
         yield mesh
 
 
@@ -153,3 +163,180 @@ def stdout_events(workdir: Path) -> list[dict[str, Any]]:
     """The JSON lines a client printed (``--output-format stream-json`` / ``--json``)."""
     lines = (workdir / "stdout.txt").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip().startswith("{")]
+
+
+def catalog_output(mesh_url: str, harness: str) -> str:
+    """What ``harnessmesh catalog HARNESS --url MESH_URL`` prints on stdout (the config file itself)."""
+    argv = [sys.executable, "-m", "services.launcher", "catalog", harness, "--url", mesh_url]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO).stdout
+
+
+def configure_pi(mesh_url: str, workdir: Path) -> dict[str, Any]:
+    """Save ``harnessmesh catalog pi`` whole as ``WORKDIR/home/.pi/agent/models.json``; return it parsed."""
+    text = catalog_output(mesh_url, "pi")
+    path = workdir / "home" / ".pi" / "agent" / "models.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+# pi offline: no update check, package check or install telemetry at start-up.
+PI_ENV = {"PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0"}
+
+
+def run_pi(workdir: Path, args: Sequence[str], timeout: float) -> int:
+    """``pi ARGS`` once, configured by :func:`configure_pi` (call it first); the key comes from the environment
+    as the catalog's config says."""
+    return run_client(client_binary("pi"), args, workdir, {**PI_ENV, API_KEY_ENV: API_KEY}, timeout)
+
+
+def configure_openclaw(mesh_url: str, workdir: Path) -> dict[str, Any]:
+    """Save ``harnessmesh catalog openclaw`` whole as ``WORKDIR/home/.openclaw/openclaw.json``; return it parsed."""
+    text = catalog_output(mesh_url, "openclaw")
+    path = workdir / "home" / ".openclaw" / "openclaw.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def run_openclaw(workdir: Path, args: Sequence[str], timeout: float) -> int:
+    """``openclaw ARGS`` once, configured by :func:`configure_openclaw` (call it first)."""
+    return run_client(client_binary("openclaw"), args, workdir, {API_KEY_ENV: API_KEY}, timeout)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request a client sent through a :class:`RecordingProxy`."""
+
+    method: str
+    path: str
+    headers: dict[str, str]  # names lowercased
+    body: Any  # parsed JSON, or the raw text when it is not JSON
+
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "proxy-connection", "te"}
+
+
+class RecordingProxy:
+    """A loopback HTTP pass-through to the gateway that keeps every request a client sends through it.
+
+    Responses stream back chunk by chunk as the gateway writes them (SSE included), close-delimited
+    (HTTP/1.0), so the client sees the gateway's answers unchanged apart from framing. Request bodies are
+    read by ``Content-Length`` (every client driven here sends one). It observes only: tests still talk to
+    the real mesh.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        parsed = urllib.parse.urlsplit(upstream)
+        self.requests: list[Recorded] = []
+        lock = threading.Lock()
+        recorded = self.requests
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _relay(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                try:
+                    body: Any = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                with lock:
+                    recorded.append(Recorded(self.command, self.path, headers, body))
+                upstream_headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP | {"host"}}
+                upstream_headers["content-length"] = str(len(raw))
+                conn = http.client.HTTPConnection(host, port, timeout=120)
+                try:
+                    conn.request(self.command, self.path, body=raw, headers=upstream_headers)
+                    reply = conn.getresponse()
+                    self.send_response(reply.status, reply.reason)
+                    for name, value in reply.getheaders():
+                        if name.lower() not in _HOP_BY_HOP:
+                            self.send_header(name, value)
+                    self.send_header("connection", "close")
+                    self.end_headers()
+                    while chunk := reply.read1(65536):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                finally:
+                    conn.close()
+
+            do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _relay
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="recording-proxy", daemon=True)
+
+    def __enter__(self) -> RecordingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+    def posts(self, suffix: str) -> list[Recorded]:
+        """The POSTs whose path (query string aside) ends with ``suffix``, in arrival order."""
+        return [r for r in list(self.requests) if r.method == "POST" and r.path.split("?")[0].endswith(suffix)]
+
+
+# The three wire APIs pi and OpenClaw speak, as `harnessmesh catalog pi|openclaw` names them:
+# their `api` -> (the catalog's provider, the gateway path, the trace records' `api`).
+WIRE_APIS = {
+    "openai-completions": ("harnessmesh", "/v1/chat/completions", "openai"),
+    "openai-responses": ("harnessmesh-responses", "/v1/responses", "responses"),
+    "anthropic-messages": ("harnessmesh-anthropic", "/v1/messages", "anthropic"),
+}
+
+
+def reasoning_requested(api: str, body: Mapping[str, Any]) -> bool:
+    """Whether a request of ``api`` (a :data:`WIRE_APIS` key) asks the model to reason."""
+    if api == "anthropic-messages":
+        return (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
+    if api == "openai-responses":
+        return bool((body.get("reasoning") or {}).get("effort"))
+    return bool(body.get("reasoning_effort") or body.get("reasoning"))
+
+
+def replayed_reasoning(api: str, body: Mapping[str, Any]) -> list[str]:
+    """The reasoning texts a request of ``api`` carries back from earlier assistant turns, each only when it
+    comes with what the API needs to trust it (Anthropic: a signature; Responses: ``encrypted_content``)."""
+    texts: list[str] = []
+    if api == "anthropic-messages":
+        for message in body.get("messages") or []:
+            if message.get("role") == "assistant" and isinstance(message.get("content"), list):
+                texts += [b["thinking"] for b in message["content"]
+                          if b.get("type") == "thinking" and b.get("signature")]
+    elif api == "openai-responses":
+        for item in body.get("input") or []:
+            if isinstance(item, dict) and item.get("type") == "reasoning" and item.get("encrypted_content"):
+                parts = (item.get("content") or []) + (item.get("summary") or [])
+                texts += [p["text"] for p in parts[:1]]
+    else:
+        for message in body.get("messages") or []:
+            if message.get("role") == "assistant":
+                texts += [message[k] for k in ("reasoning_content", "reasoning") if message.get(k)][:1]
+    return texts
+
+
+def trace_records(path: Path, since: float, api: str, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The mesh's ``--trace-records`` lines for ``api`` that arrived at or after ``since`` (Unix seconds), oldest
+    first, once there are ``count`` of them (a record is written as its request ends); fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = path.read_text().splitlines() if path.exists() else []
+        records = sorted((r for r in map(json.loads, filter(None, lines)) if r["api"] == api and r["ts"] >= since),
+                         key=lambda r: r["ts"])
+        if len(records) >= count or time.monotonic() > deadline:
+            assert len(records) == count, (api, count, records)
+            return records
+        time.sleep(0.1)

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from services.worker.mocker.script import Script, ScriptError
+from services.common.model_dir import DEMO_MODEL_DIR
+from services.worker.mocker.script import MODEL_SCRIPT_NAME, Script, ScriptError, script_for
 
 
 def test_first_matching_line_wins(tmp_path: Path) -> None:
@@ -43,3 +44,16 @@ def test_bad_script_names_file_and_line(tmp_path: Path, text: str, needle: str) 
 def test_missing_script_file(tmp_path: Path) -> None:
     with pytest.raises(ScriptError, match="cannot read script"):
         Script.load(tmp_path / "nope.jsonl")
+
+
+def test_without_script_the_model_directorys_own_is_used_and_script_replaces_it(tmp_path: Path) -> None:
+    demo = script_for("", DEMO_MODEL_DIR)  # the demo model ships the README examples' script
+    assert demo is not None and demo.path.endswith(MODEL_SCRIPT_NAME)
+    assert demo.lookup("What is the weather in Paris?") is not None
+    assert demo.lookup("Paris: 22 degrees, sunny") is not None
+    assert demo.lookup("word " * 100) is None  # no catch-all: other prompts get filler text
+    own = tmp_path / "own.jsonl"
+    own.write_text('{"match": "", "completion": "mine"}\n')
+    replaced = script_for(str(own), DEMO_MODEL_DIR)
+    assert replaced is not None and replaced.lookup("What is the weather in Paris?").completion == "mine"  # type: ignore[union-attr]
+    assert script_for("", tmp_path) is None  # a model directory without one: filler only

@@ -7,6 +7,8 @@ assistant message, separated by ``\x1e`` (so a ``match`` never spans two message
 appends its own user message after the tool results (OpenClaw) still gets the tool results' line.
 ``completion`` is raw model text, tokenized with the model's tokenizer and followed by EOS. Blank
 lines and lines starting with ``#`` are skipped.
+Without ``--script`` the mocker uses the model directory's own ``mocker_script.jsonl`` when it has one
+(:func:`script_for`): the demo model ships the script the README's examples show; ``--script`` replaces it.
 The filler text and the token source live in ``services.kvcore.tokens`` (the replay simulator uses them too).
 """
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+MODEL_SCRIPT_NAME = "mocker_script.jsonl"  # a model directory's default script
 
 
 class ScriptError(ValueError):
@@ -74,3 +78,12 @@ class Script:
             if entry.match in match_text:
                 return entry
         return None
+
+
+def script_for(path: str, model_dir: Path) -> Script | None:
+    """The script a mocker uses: ``path`` (``--script``) when given, else ``model_dir``'s own
+    ``mocker_script.jsonl`` when it has one, else none (filler text only)."""
+    if path:
+        return Script.load(path)
+    default = model_dir / MODEL_SCRIPT_NAME
+    return Script.load(default) if default.is_file() else None
