@@ -55,9 +55,23 @@ class GatewaySettings(CommonSettings):
         "", "Model catalog file (YAML or JSON): per-model metadata served by /v1/models (see gateway/catalog.py).",
         metavar="FILE",
     )
+    responses_store: str = option(
+        "memory", "Where responses are kept for previous_response_id and GET/DELETE /v1/responses/{id}: this "
+        "process's memory, or a NATS JetStream KV bucket every gateway replica shares (docs/state.md).",
+        choices=("memory", "jetstream"))
     responses_store_size: int = option(
-        1024, "Responses kept in memory for previous_response_id (least recently used dropped; 0: none).")
-    responses_store_ttl: float = option(3600.0, "Seconds a stored response is kept after its last use.")
+        1024, "memory store: responses kept for previous_response_id (least recently used dropped; 0: none).")
+    responses_store_ttl: float = option(
+        3600.0, "Seconds a stored response is kept: after its last use (memory), after it was stored (jetstream).")
+    responses_store_bucket: str = option(
+        "", "jetstream store: the KV bucket (empty: harnessmesh_<namespace>_responses).")
+    responses_store_max_bytes: int = option(
+        1 << 30, "jetstream store: the bucket's size cap in bytes (oldest responses dropped past it; -1: none).")
+    responses_store_replicas: int = option(
+        1, "jetstream store: copies of the bucket in a JetStream cluster (3 for a 3-node cluster).")
+    nats_url: str = option("nats://127.0.0.1:4222", "NATS server (used only by --responses-store jetstream).",
+                           shared=True)
+    nats_token: str = option("", "Token the NATS server requires (HARNESSMESH_NATS_TOKEN).", shared=True, secret=True)
     trace_records: str = option(
         "", "Write one JSON line per request (timing, tokens, cached tokens, worker, tool-call ids and names; never "
         "prompt text or arguments) to FILE; a .gz name writes gzip. Empty: off. See gateway/trace_records.py.",
@@ -89,3 +103,7 @@ class GatewaySettings(CommonSettings):
         self.model_aliases()
         if self.responses_store_size < 0 or self.responses_store_ttl <= 0:
             raise ValueError("responses_store_size must be >= 0 and responses_store_ttl positive")
+        if self.responses_store == "jetstream" and not self.nats_url:
+            raise ValueError("responses_store jetstream needs nats_url")
+        if self.responses_store_replicas < 1:
+            raise ValueError("responses_store_replicas must be at least 1")

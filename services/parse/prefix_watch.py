@@ -16,6 +16,10 @@ so a header that changes the very first line of the system prompt is reported to
 runs sub-agents under one session id should name their trajectories (``x-trajectory-id``): the key is
 session + trajectory. Pure domain code: tokens in, a
 report out; ``decode`` turns token ids back into text for the report.
+
+The histories live in this process's memory; :meth:`PrefixWatch.histories` and :meth:`PrefixWatch.restore`
+hand a session's to and from ``prefix_state.py``, which shares them between parse replicas through a
+NATS JetStream bucket (a session's next turn may land on another replica; see docs/state.md).
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ class PrefixBreak:
 
 
 @dataclass(frozen=True)
-class _History:
+class History:
+    """One line of a session: the latest turn's prompt + output token ids."""
+
     tokens: array[int]  # prompt + output
     prompt_len: int
 
@@ -62,7 +68,7 @@ class Turn:
     watch: PrefixWatch
     session: str
     prompt: array[int]  # never mutated (it may be the prompt cache's own)
-    line: int  # the history this turn extends (-1: a new line)
+    line: History | None  # the history this turn extends (None: a new line)
     output: list[int] = field(default_factory=list)
 
     def extend(self, token_ids: Sequence[int]) -> None:
@@ -88,7 +94,7 @@ class PrefixWatch:
         self._max_sessions = max_sessions
         self._lines = lines_per_session
         self._min_shared = min_shared_tokens
-        self._sessions: OrderedDict[str, list[_History]] = OrderedDict()
+        self._sessions: OrderedDict[str, list[History]] = OrderedDict()
         self._on_break = on_break
         self.breaks: list[PrefixBreak] = []  # the latest reports (bounded), for tests and debugging
 
@@ -102,15 +108,15 @@ class PrefixWatch:
         for i, history in enumerate(histories):
             shared = common_prefix(history.tokens, tokens)
             if shared == len(history.tokens):
-                return Turn(self, session, tokens, i)
+                return Turn(self, session, tokens, history)
             if shared > best_shared:
                 best, best_shared = i, shared
         if best >= 0 and best_shared >= self._min_shared:
             self._report(session, histories[best], tokens, best_shared)
-            return Turn(self, session, tokens, best)
-        return Turn(self, session, tokens, -1)
+            return Turn(self, session, tokens, histories[best])
+        return Turn(self, session, tokens, None)
 
-    def _report(self, session: str, history: _History, prompt: array[int], offset: int) -> None:
+    def _report(self, session: str, history: History, prompt: array[int], offset: int) -> None:
         report = PrefixBreak(
             session=session,
             offset=offset,
@@ -137,11 +143,20 @@ class PrefixWatch:
         return before + "⟂" + after
 
     def _commit(self, turn: Turn) -> None:
-        histories = self._sessions.pop(turn.session, [])
-        if 0 <= turn.line < len(histories):
-            histories.pop(turn.line)
-        histories.append(_History(turn.prompt + array("I", turn.output), len(turn.prompt)))
-        self._sessions[turn.session] = histories[-self._lines:]
+        # by identity: the session's list may have been restored from another replica since ``begin``
+        histories = [h for h in self._sessions.pop(turn.session, []) if h is not turn.line]
+        histories.append(History(turn.prompt + array("I", turn.output), len(turn.prompt)))
+        self.restore(turn.session, histories)
+
+    def histories(self, session: str) -> list[History] | None:
+        """The session's lines, oldest first (None: none kept here)."""
+        found = self._sessions.get(session)
+        return None if found is None else list(found)
+
+    def restore(self, session: str, histories: Sequence[History]) -> None:
+        """Make ``histories`` the session's lines (the newest ``lines_per_session`` of them)."""
+        self._sessions.pop(session, None)
+        self._sessions[session] = list(histories)[-self._lines:]
         while len(self._sessions) > self._max_sessions:
             self._sessions.popitem(last=False)
 

@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import grpc
 import structlog
 
 from services.api import chat_pb2, parse_pb2_grpc, router_pb2_grpc
 from services.common.grpc_util import GrpcServer, open_channel, open_mux_channel
+from services.common.jetstream import BucketConfig, ChunkedKv, bucket_name, chunk_size_for, open_bucket
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
 from services.common.mux import GenerateStub, MuxChannel, MuxMethod, method_name
+from services.common.nats_util import close_nats, connect_nats
 from services.common.prompt_reuse import ReusingStub
 from services.common.tracing import Tracing
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat
+from services.parse.prefix_state import JetStreamPrefixState, LocalPrefixState, PrefixState
 from services.parse.renderer import Clock
 from services.parse.router_replicas import RouterInfo, RouterReplicas
 from services.parse.service import ParseService
@@ -35,6 +39,7 @@ class RunningParse:
     info_channels: list[grpc.aio.Channel]
     model_format: ModelFormat
     metrics_server: MetricsServer | None = None
+    nats: Any = None  # the connection of --prefix-watch-store jetstream
 
     @property
     def address(self) -> str:
@@ -48,6 +53,8 @@ class RunningParse:
             await info.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        if self.nats is not None:
+            await close_nats(self.nats)
 
 
 def build_model_format(settings: ParseSettings) -> ModelFormat:
@@ -65,6 +72,23 @@ def build_model_format(settings: ParseSettings) -> ModelFormat:
     )
 
 
+async def open_prefix_state(settings: ParseSettings) -> tuple[PrefixState, Any]:
+    """The prefix-watch state ``settings.prefix_watch_store`` names, and its NATS connection (None in memory)."""
+    if settings.prefix_watch_store == "memory":
+        return LocalPrefixState(), None
+    nc = await connect_nats(settings.nats_url, "harnessmesh-parse", token=settings.nats_token, tls=settings.tls())
+    try:
+        kv = await open_bucket(nc.jetstream(), BucketConfig(
+            bucket_name(settings.prefix_watch_bucket, settings.namespace, "prefix_watch"), settings.prefix_watch_ttl,
+            settings.prefix_watch_max_bytes, replicas=settings.prefix_watch_replicas))
+    except BaseException:
+        await close_nats(nc)
+        raise
+    # the index (a version) is read every turn: keep it small, histories always go in chunks
+    return JetStreamPrefixState(ChunkedKv(kv, chunk_size=chunk_size_for(nc), inline_max=256),
+                                connected=lambda: bool(nc.is_connected)), nc
+
+
 def _fixed_clock(at: datetime | None) -> Clock | None:
     return None if at is None else (lambda: at)
 
@@ -78,17 +102,20 @@ async def start(
     channels = [open_mux_channel(address, settings.tls()) for address in addresses]
     info_channels = [open_channel(address, tracing, settings.tls()) for address in addresses]
     tracer = tracing.tracer if tracing is not None else None
+    prefix_state, nats = await open_prefix_state(settings)
     metrics = ParseMetrics()
     replicas = RouterReplicas([GenerateStub(channel, "Router") for channel in channels])
     router = ReusingStub(replicas, retry_unavailable=settings.router_retry)
     servicer = ParseService(fmt, router, tracer, metrics=metrics, limits=settings.request_limits(),
-                            router_info=RouterInfo([router_pb2_grpc.RouterStub(c) for c in info_channels]))
+                            router_info=RouterInfo([router_pb2_grpc.RouterStub(c) for c in info_channels]),
+                            prefix_state=prefix_state)
     server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})
     await server.start()
     return RunningParse(server=server, channels=channels, info_channels=info_channels, model_format=fmt,
-                        metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port))
+                        metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port),
+                        nats=nats)
 
 
 async def serve(settings: ParseSettings, stop: asyncio.Event) -> None:

@@ -17,11 +17,13 @@ from services.common import errors
 from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
+from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
 from services.parse import convert
 from services.parse.limits import RequestLimits
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
+from services.parse.prefix_state import LocalPrefixState, PrefixState
 from services.parse.prefix_watch import PrefixBreak, PrefixWatch, session_key
 from services.parse.reasoning_tokens import ReasoningTokenCounter
 from services.parse.router_replicas import RouterInfo
@@ -46,6 +48,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         metrics: ParseMetrics | None = None,
         limits: RequestLimits | None = None,
         router_info: RouterInfo | router_pb2_grpc.RouterStub | None = None,
+        prefix_state: PrefixState | None = None,
     ) -> None:
         self.metrics = metrics or ParseMetrics()
         self._format = model_format
@@ -56,6 +59,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         self._created = int(time.time()) if created is None else created
         self.speculative = SpeculativePrefiller(model_format, router)  # issue 5: speculative prefill hook
         self._prefix_watch = prefix_watch or PrefixWatch(model_format.decode, on_break=self._count_break)
+        self._prefix_state = prefix_state or LocalPrefixState()  # memory, or shared by replicas (prefix_state.py)
 
     def _count_break(self, report: PrefixBreak) -> None:
         self.metrics.prefix_breaks.labels(str(report.in_output).lower()).inc()
@@ -83,11 +87,17 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         self, request: chat_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[chat_pb2.ChatEventBatch]:
         request_id = request.request_id or uuid.uuid4().hex
-        attrs = {"session.id": request.identity.session_id, "trajectory.id": request.identity.trajectory_id,
-                 "request.id": request_id}
+        ident = request.identity
+        attrs = conversation_attributes(ident.session_id, ident.trajectory_id, ident.harness,
+                                        anonymous=ident.anonymous)
+        attrs |= {"request.id": request_id, GEN_AI_REQUEST_MODEL: request.model}
+        session = session_key(request.identity)
+        # the session's shared prefix-watch state, fetched while the prompt renders (no round trip of its own)
+        pulled = asyncio.ensure_future(self._prefix_state.pull(self._prefix_watch, session))
         try:
             prompt, max_tokens = await self._prompt(request, attrs)
         except MeshError as err:
+            pulled.cancel()
             log.info("parse.request_rejected", request_id=request_id, error=err.message, param=err.param)
             await errors.abort_with(context, err)
             return
@@ -100,7 +110,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             spec_turn = TurnRecorder() if request.hints.speculative_prefill else None  # speculative prefill
             reasoning_tokens = ReasoningTokenCounter()  # usage.reasoning_tokens
             spec_worker = ""
-            session = session_key(request.identity)
+            await pulled
             watched = self._prefix_watch.begin(session, prompt.token_ids)  # prefix-break report
             call = ResumingRouterStream(self._router, generate, key=prompt_key(session, generate.token_ids_u32),
                                         retry=self._router.retry_unavailable)
@@ -152,6 +162,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                 return
             if watched is not None:
                 watched.commit()
+                await self._prefix_state.push(self._prefix_watch, session)  # after the last token, before EOF
             if spec_turn is not None and spec_worker:
                 self.speculative.after_turn(request, spec_turn, request_id=request_id, worker_id=spec_worker)
             log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),

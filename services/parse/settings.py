@@ -35,6 +35,21 @@ class ParseSettings(CommonSettings):
         "router restarting); 0: fail at once.")
     strip_billing_header: bool = option(
         True, "Drop Claude Code's per-session 'x-anthropic-billing-header:' lines so prompts keep a stable prefix.")
+    prefix_watch_store: str = option(
+        "memory", "Where each session's prefix-watch histories live: this process's memory, or also a NATS JetStream "
+        "KV bucket every parse replica shares, so a session's turns may land on any replica (docs/state.md).",
+        choices=("memory", "jetstream"))
+    prefix_watch_bucket: str = option(
+        "", "jetstream prefix watch: the KV bucket (empty: harnessmesh_<namespace>_prefix_watch).")
+    prefix_watch_ttl: float = option(
+        21600.0, "jetstream prefix watch: seconds a session's histories are kept after its last turn.")
+    prefix_watch_max_bytes: int = option(
+        1 << 30, "jetstream prefix watch: the bucket's size cap in bytes (oldest sessions dropped past it; -1: none).")
+    prefix_watch_replicas: int = option(
+        1, "jetstream prefix watch: copies of the bucket in a JetStream cluster (3 for a 3-node cluster).")
+    nats_url: str = option("nats://127.0.0.1:4222", "NATS server (used only by --prefix-watch-store jetstream).",
+                           shared=True)
+    nats_token: str = option("", "Token the NATS server requires (HARNESSMESH_NATS_TOKEN).", shared=True, secret=True)
 
     reasoning_replay: str = option(
         "auto", "How earlier turns' reasoning is replayed: pass (as reasoning_content), reinsert (in the model's "
@@ -69,6 +84,10 @@ class ParseSettings(CommonSettings):
                 self.template_clock()
             except ValueError:
                 raise ValueError(f"template_now {self.template_now!r} is not an ISO time") from None
+        if self.prefix_watch_store == "jetstream" and not self.nats_url:
+            raise ValueError("prefix_watch_store jetstream needs nats_url")
+        if self.prefix_watch_ttl <= 0 or self.prefix_watch_replicas < 1:
+            raise ValueError("prefix_watch_ttl must be positive and prefix_watch_replicas at least 1")
         if self.router_retry < 0:
             raise ValueError("router_retry must not be negative")
         if not self.router_addresses():

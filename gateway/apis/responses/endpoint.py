@@ -1,4 +1,5 @@
-"""``POST /v1/responses``: the OpenAI Responses API, streaming (typed SSE events) and non-streaming."""
+"""``POST /v1/responses``: the OpenAI Responses API, streaming (typed SSE events) and non-streaming;
+``GET`` / ``DELETE /v1/responses/{id}``: a stored response."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import time
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from gateway.apis.responses.convert import chat_request
 from gateway.apis.responses.encode import ResponseEncoder
 from gateway.apis.responses.models import ResponsesRequest
-from gateway.apis.responses.store import ResponseStore
+from gateway.apis.responses.store import ResponseStorage
 from gateway.boundary import new_request_id
 from gateway.parse_client import ParseClient
 from gateway.streaming import TYPED, TurnEndpoint, annotate_span, read_json
@@ -53,12 +54,12 @@ def _skeleton(body: ResponsesRequest, raw: dict[str, Any], response_id: str, mod
 
 
 class ResponsesApi:
-    """The Responses endpoint over a ``ParseClient`` and a ``ResponseStore``.
+    """The Responses endpoint over a ``ParseClient`` and a ``ResponseStorage`` (memory or JetStream).
 
     SSE frames carry ``event:`` lines (``TYPED``); there is no ``[DONE]`` and no keep-alive.
     """
 
-    def __init__(self, parse: ParseClient, store: ResponseStore) -> None:
+    def __init__(self, parse: ParseClient, store: ResponseStorage) -> None:
         self._parse = parse
         self._store = store
         self._endpoint = TurnEndpoint(TYPED)
@@ -69,11 +70,11 @@ class ResponsesApi:
         public, info = await self._parse.resolve_model(body.model)
         history: tuple[chat_pb2.Message, ...] = ()
         if body.previous_response_id:
-            stored = self._store.get(body.previous_response_id)
+            stored = await self._store.get(body.previous_response_id)
             if stored is None:
                 raise errors.InvalidRequestError(
                     f"Previous response with id '{body.previous_response_id}' not found "
-                    f"(this server keeps responses in memory for {self._store.ttl:g} s).",
+                    f"({self._store.where}).",
                     param="previous_response_id",
                 )
             history = stored.conversation
@@ -85,9 +86,27 @@ class ResponsesApi:
         encoder = ResponseEncoder(_skeleton(body, raw, response_id, public), converted.tools,
                                   include_encrypted=ENCRYPTED_REASONING in include)
 
-        def remember(response: dict[str, Any]) -> None:
+        async def remember(response: dict[str, Any]) -> None:
             if body.store:
-                self._store.put(response["id"], [*converted.history, encoder.assistant_message()], response)
+                await self._store.put(response["id"], [*converted.history, encoder.assistant_message()], response)
 
         return await self._endpoint.respond(request, self._parse.chat(converted.chat), encoder,
                                             streaming=body.stream, on_complete=remember)
+
+    async def retrieve(self, request: Request) -> Response:
+        """``GET /v1/responses/{response_id}``: the stored response object."""
+        stored = await self._store.get(request.path_params["response_id"])
+        if stored is None:
+            raise self._not_found(request)
+        return JSONResponse(stored.response)
+
+    async def delete(self, request: Request) -> Response:
+        """``DELETE /v1/responses/{response_id}``: forget a stored response."""
+        response_id = request.path_params["response_id"]
+        if not await self._store.delete(response_id):
+            raise self._not_found(request)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    def _not_found(self, request: Request) -> errors.NotFoundError:
+        return errors.NotFoundError(
+            f"No response with id '{request.path_params['response_id']}' found ({self._store.where}).")

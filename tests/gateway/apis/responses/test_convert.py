@@ -140,20 +140,20 @@ def test_custom_and_namespaced_calls_become_their_item_types() -> None:
     assert events[-1]["type"] == "response.completed"
 
 
-def test_store_bounds_and_ttl() -> None:
+async def test_store_bounds_and_ttl() -> None:
     now = [0.0]
     store = ResponseStore(max_entries=2, ttl=10, clock=lambda: now[0])
     msg = chat_pb2.Message(role="user")
-    store.put("a", [msg], {"id": "a"})
-    store.put("b", [msg], {"id": "b"})
-    assert store.get("a") is not None  # touches a: b is now the least recently used
-    store.put("c", [msg], {"id": "c"})
-    assert store.get("b") is None and len(store) == 2
+    await store.put("a", [msg], {"id": "a"})
+    await store.put("b", [msg], {"id": "b"})
+    assert await store.get("a") is not None  # touches a: b is now the least recently used
+    await store.put("c", [msg], {"id": "c"})
+    assert await store.get("b") is None and len(store) == 2
     now[0] = 5
-    assert store.get("c") is not None  # extends c to 15
+    assert await store.get("c") is not None  # extends c to 15
     now[0] = 12
-    assert store.get("a") is None and store.get("c") is not None
-    assert store.delete("c") and len(store) == 0
+    assert await store.get("a") is None and await store.get("c") is not None
+    assert await store.delete("c") and len(store) == 0
     disabled = ResponseStore(max_entries=0)
-    disabled.put("x", [msg], {})
-    assert disabled.get("x") is None
+    await disabled.put("x", [msg], {})
+    assert await disabled.get("x") is None
