@@ -42,6 +42,8 @@ _U32 = 4
 class PrefixState(Protocol):
     """A shared copy of the prefix watch's per-session histories (see the module docstring)."""
 
+    shared: bool  # False: the watch's memory is the only copy (the service skips pull and push: no task per turn)
+
     async def pull(self, watch: PrefixWatch, session: str) -> None: ...
 
     async def push(self, watch: PrefixWatch, session: str) -> None: ...
@@ -49,6 +51,8 @@ class PrefixState(Protocol):
 
 class LocalPrefixState:
     """The single-process mode: the watch's memory is the only copy, there is nothing to pull or push."""
+
+    shared = False
 
     async def pull(self, watch: PrefixWatch, session: str) -> None:
         return None
@@ -59,6 +63,8 @@ class LocalPrefixState:
 
 class JetStreamPrefixState:
     """Histories in a JetStream KV bucket (``kv``), read through when this replica's copy is stale."""
+
+    shared = True
 
     def __init__(self, kv: ChunkedKv, *, timeout: float = 1.0, connected: Callable[[], bool] = lambda: True,
                  max_sessions: int = 4096) -> None:

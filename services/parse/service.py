@@ -93,11 +93,13 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         attrs |= {"request.id": request_id, GEN_AI_REQUEST_MODEL: request.model}
         session = session_key(request.identity)
         # the session's shared prefix-watch state, fetched while the prompt renders (no round trip of its own)
-        pulled = asyncio.ensure_future(self._prefix_state.pull(self._prefix_watch, session))
+        shared = self._prefix_state.shared
+        pulled = asyncio.ensure_future(self._prefix_state.pull(self._prefix_watch, session)) if shared else None
         try:
             prompt, max_tokens = await self._prompt(request, attrs)
         except MeshError as err:
-            pulled.cancel()
+            if pulled is not None:
+                pulled.cancel()
             log.info("parse.request_rejected", request_id=request_id, error=err.message, param=err.param)
             await errors.abort_with(context, err)
             return
@@ -110,7 +112,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             spec_turn = TurnRecorder() if request.hints.speculative_prefill else None  # speculative prefill
             reasoning_tokens = ReasoningTokenCounter()  # usage.reasoning_tokens
             spec_worker = ""
-            await pulled
+            if pulled is not None:
+                await pulled
             watched = self._prefix_watch.begin(session, prompt.token_ids)  # prefix-break report
             call = ResumingRouterStream(self._router, generate, key=prompt_key(session, generate.token_ids_u32),
                                         retry=self._router.retry_unavailable)
@@ -162,7 +165,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                 return
             if watched is not None:
                 watched.commit()
-                await self._prefix_state.push(self._prefix_watch, session)  # after the last token, before EOF
+                if shared:
+                    await self._prefix_state.push(self._prefix_watch, session)  # after the last token, before EOF
             if spec_turn is not None and spec_worker:
                 self.speculative.after_turn(request, spec_turn, request_id=request_id, worker_id=spec_worker)
             log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),
