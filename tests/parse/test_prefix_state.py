@@ -98,7 +98,7 @@ async def test_nats_down_costs_at_most_the_timeout_and_never_fails(nats_url: str
     skipped = JetStreamPrefixState(ChunkedKv(kv, chunk_size=1024), connected=lambda: False)
     started = time.monotonic()
     await turn(watch, skipped, "s", [1, 2, 3, 4, 5], [])
-    assert time.monotonic() - started < 0.1 and watch.breaks == []
+    assert time.monotonic() - started < 0.5 and watch.breaks == []  # no wait for the 1 s timeout
 
 
 async def test_local_state_is_the_watch_alone() -> None:
