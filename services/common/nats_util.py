@@ -23,6 +23,8 @@ async def connect_nats(url: str, name: str, timeout: float = STARTUP_TIMEOUT, *,
 
     nats-py retries an initial connect forever when reconnects are unbounded, so a wrong ``--nats-url``
     would otherwise hang the process at start-up; this raises :class:`UnavailableError` naming the URL.
+    ``url`` may list several servers of one cluster, comma-separated: the connection takes any of them and
+    moves to another when its server goes.
     """
 
     async def on_error(exc: Exception) -> None:  # one line, not nats-py's default traceback per attempt
@@ -34,8 +36,9 @@ async def connect_nats(url: str, name: str, timeout: float = STARTUP_TIMEOUT, *,
     async def on_reconnected() -> None:
         log.info("nats.reconnected", url=url)
 
+    servers = [part.strip() for part in url.split(",") if part.strip()]
     attempt = asyncio.ensure_future(nats.connect(
-        url, name=name, token=token or None, tls=tls.client_context() if tls.enabled else None,
+        servers, name=name, token=token or None, tls=tls.client_context() if tls.enabled else None,
         connect_timeout=2, reconnect_time_wait=0.5, max_reconnect_attempts=-1,
         error_cb=on_error, disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
     ))

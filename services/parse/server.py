@@ -7,15 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import grpc
 import structlog
 
-from services.api import chat_pb2, parse_pb2_grpc, router_pb2_grpc
-from services.common.grpc_util import GrpcServer, open_channel, open_mux_channel
+from services.api import chat_pb2, parse_pb2_grpc
+from services.common.grpc_util import GrpcServer
 from services.common.jetstream import BucketConfig, ChunkedKv, bucket_name, chunk_size_for, open_bucket
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
-from services.common.mux import GenerateStub, MuxChannel, MuxMethod, method_name
+from services.common.mux import MuxMethod, method_name
 from services.common.nats_util import close_nats, connect_nats
 from services.common.prompt_reuse import ReusingStub
 from services.common.tracing import Tracing
@@ -23,7 +22,7 @@ from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat
 from services.parse.prefix_state import JetStreamPrefixState, LocalPrefixState, PrefixState
 from services.parse.renderer import Clock
-from services.parse.router_replicas import RouterInfo, RouterReplicas
+from services.parse.router_pool import RouterPool
 from services.parse.service import ParseService
 from services.parse.settings import ParseSettings
 
@@ -35,8 +34,7 @@ class RunningParse:
     """A started parse server (``address`` is host:port) and what it owns."""
 
     server: GrpcServer
-    channels: list[MuxChannel]  # one per router replica
-    info_channels: list[grpc.aio.Channel]
+    routers: RouterPool  # the router replicas' channels
     model_format: ModelFormat
     metrics_server: MetricsServer | None = None
     nats: Any = None  # the connection of --prefix-watch-store jetstream
@@ -47,10 +45,7 @@ class RunningParse:
 
     async def stop(self, grace: float = 2.0) -> None:
         await self.server.stop(grace)
-        for channel in self.channels:
-            await channel.close()
-        for info in self.info_channels:
-            await info.close()
+        await self.routers.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         if self.nats is not None:
@@ -98,22 +93,21 @@ async def start(
 ) -> RunningParse:
     """Build and start a parse server (in-process use: tests, embedding); ``stop()`` it when done."""
     fmt = model_format or build_model_format(settings)
-    addresses = settings.router_addresses()
-    channels = [open_mux_channel(address, settings.tls()) for address in addresses]
-    info_channels = [open_channel(address, tracing, settings.tls()) for address in addresses]
+    routers = RouterPool(settings.router_addresses(), tls=settings.tls(), tracing=tracing,
+                         refresh=settings.router_dns_refresh)
+    await routers.start()
     tracer = tracing.tracer if tracing is not None else None
     prefix_state, nats = await open_prefix_state(settings)
     metrics = ParseMetrics()
-    replicas = RouterReplicas([GenerateStub(channel, "Router") for channel in channels])
-    router = ReusingStub(replicas, retry_unavailable=settings.router_retry)
+    router = ReusingStub(routers.replicas, retry_unavailable=settings.router_retry)
     servicer = ParseService(fmt, router, tracer, metrics=metrics, limits=settings.request_limits(),
-                            router_info=RouterInfo([router_pb2_grpc.RouterStub(c) for c in info_channels]),
+                            router_info=routers.info,
                             prefix_state=prefix_state)
     server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})
     await server.start()
-    return RunningParse(server=server, channels=channels, info_channels=info_channels, model_format=fmt,
+    return RunningParse(server=server, routers=routers, model_format=fmt,
                         metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port),
                         nats=nats)
 

@@ -19,8 +19,12 @@ class ParseSettings(CommonSettings):
     host: str = option("127.0.0.1", "Address the Parse gRPC server binds.", wiring=True)
     port: int = option(0, "Port of the Parse gRPC server (0: a free port).", wiring=True)
     router_address: str = option(
-        "127.0.0.1:50052", "host:port of the router's gRPC service; several replicas comma-separated (the first "
-        "preferred, the next ones taken while it is unavailable).", wiring=True)
+        "127.0.0.1:50052", "host:port of the router's gRPC service; several replicas comma-separated, and "
+        "dns:///name:port for one replica per address a DNS name resolves to. Streams spread over the replicas: a "
+        "session's turns by its key (they keep one router while it is up), others round robin.", wiring=True)
+    router_dns_refresh: float = option(
+        30.0, "Seconds between two resolutions of the dns:/// router names (also resolved at once when every router "
+        "is down); 0: only then.")
     model: str = option("", "Hugging Face model directory (empty: the repo's demo model).", shared=True)
     served_model_name: str = option("", "Model name reported to clients (empty: the model directory's name).",
                                     shared=True)
@@ -75,7 +79,7 @@ class ParseSettings(CommonSettings):
         return RequestLimits(self.max_messages, self.max_tools, self.max_message_parts, self.max_text_chars)
 
     def router_addresses(self) -> list[str]:
-        """The router replicas, in preference order."""
+        """The ``--router-address`` entries (``host:port`` or ``dns:///name:port``)."""
         return [address.strip() for address in self.router_address.split(",") if address.strip()]
 
     def validate(self) -> None:
@@ -92,6 +96,12 @@ class ParseSettings(CommonSettings):
             raise ValueError("router_retry must not be negative")
         if not self.router_addresses():
             raise ValueError("router_address names no router")
+        from services.parse.router_pool import RouterTarget  # grpc and the mux: only once settings are used
+
+        for entry in self.router_addresses():
+            RouterTarget.parse(entry)
+        if self.router_dns_refresh < 0:
+            raise ValueError("router_dns_refresh must not be negative")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is out of range")
         if self.max_model_len < 0:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import reduce
+from operator import xor
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.metrics import LATENCY_BUCKETS, GaugeCallback
+from services.router.index import KvIndex
 from services.router.pending import PendingPrefixes
 from services.router.registry import WorkerRegistry
+
+DIGEST_MASK = (1 << 52) - 1
 
 
 class RouterMetrics:
@@ -22,6 +27,17 @@ class RouterMetrics:
         self.queue_wait = Histogram("harnessmesh_router_queue_wait_seconds",
                                     "Time requests waited in the admission queue (0 when not queued).",
                                     buckets=LATENCY_BUCKETS, registry=r)
+
+    def watch_index(self, index: KvIndex) -> None:
+        """Scrape-time gauges of the KV index per worker: its block count and :func:`index_digest`, read-only
+        (``blocks`` copies the set in one C call, so the scrape thread never sees it change mid-read)."""
+        self.registry.register(GaugeCallback(
+            "harnessmesh_router_index_blocks", "Blocks the KV index holds per worker.", ("worker",),
+            lambda: {(w,): float(index.block_count(w)) for w in index.workers()}))
+        self.registry.register(GaugeCallback(
+            "harnessmesh_router_index_digest", "XOR of the block hashes the KV index holds per worker (low 52 "
+            "bits): equal across router replicas, and to the worker's own block set, when they agree.", ("worker",),
+            lambda: {(w,): float(index_digest(index.blocks(w))) for w in index.workers()}))
 
     def watch(self, workers: WorkerRegistry, queue_depth: Callable[[], int],
               pending: PendingPrefixes | None = None) -> None:
@@ -46,6 +62,12 @@ class RouterMetrics:
                 "harnessmesh_router_worker_predicted_blocks",
                 "Blocks the pending-prefix index predicts per worker (placed, not yet in its KV events).", ("worker",),
                 lambda: {(ep.worker_id,): float(pending.predicted_blocks(ep.worker_id)) for ep in workers.endpoints()}))
+
+
+def index_digest(block_hashes: Iterable[int]) -> int:
+    """An order-free digest of a block set (XOR of the hashes, low 52 bits: exact as a float gauge), so two
+    routers' indexes, or an index and a worker's ``KvRecovery.Dump``, compare by scraping."""
+    return reduce(xor, block_hashes, 0) & DIGEST_MASK
 
 
 def decision_reason(mode: str, overlap_blocks: int, candidates: int, *, target: bool, retry: bool,

@@ -61,6 +61,26 @@ class WorkerEventsConsumer:
         await self._nc.publish(subjects.discover(self._ns), b"")
         self._expirer = asyncio.create_task(self._expire_loop())
 
+    async def seed(self, records: list[bytes], timeout: float) -> int:
+        """Take registry records (``services/common/worker_registry.py``) as the workers' heartbeats, each
+        verified over gRPC like one; wait up to ``timeout`` s for the verifications. The workers joined."""
+        waits = []
+        claimed: list[str] = []
+        for record in records:
+            try:
+                beat = kv_pb2.WorkerHeartbeat.FromString(record)
+            except DecodeError:
+                log.warning("router.bad_registry_record", size=len(record))
+                continue
+            await self._on_heartbeat(beat)
+            claimed.append(beat.info.worker_id)
+            task = self._verifying.get(beat.info.worker_id)
+            if task is not None:
+                waits.append(task)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+        return sum(self._router.registry.get(wid) is not None for wid in claimed)
+
     async def stop(self) -> None:
         for task in list(self._verifying.values()):
             task.cancel()

@@ -2,12 +2,16 @@
 
 On start the router subscribes to its namespace and asks every worker to heartbeat; each worker that
 answers is dumped over gRPC (``KvRecovery.Dump``) so a restarted router routes as well as before
-within a heartbeat round-trip. Any number of routers can run side by side, each with its own index.
+within a heartbeat round-trip. With ``--registry-store jetstream`` it also reads the workers' records
+from the registry bucket and joins (verified) and dumps them before its server starts, so its first
+request already sees the whole fleet and its caches. Any number of routers can run side by side, each
+with its own index.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +25,7 @@ from services.common.grpc_util import GrpcServer, check_health
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.nats_util import close_nats, connect_nats
 from services.common.tracing import Tracing
+from services.common.worker_registry import read_records, registry_bucket
 from services.router.admission import AdmissionQueue
 from services.router.index import KvIndex
 from services.router.metrics import RouterMetrics
@@ -36,6 +41,8 @@ from services.router.settings import RouterSettings
 from services.router.worker_client import GrpcRecoverySource, WorkerChannels
 
 log = structlog.get_logger()
+
+FLEET_WAIT = 5.0  # most seconds a starting router spends reading, verifying and dumping the registry's workers
 
 
 @dataclass
@@ -80,6 +87,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     tracer = tracing.tracer if tracing is not None else trace.get_tracer("harnessmesh.router")
     metrics = RouterMetrics()
     metrics.watch(registry, lambda: len(admission), router.pending)
+    metrics.watch_index(index)
     proxy = Proxy(router, limits, admission=admission, tracer=tracer, metrics=metrics)
     servicer = RouterServicer(proxy, channels, registry)
     prompt_reuse.watch(metrics.registry, servicer.prompts)
@@ -107,10 +115,32 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     server.add_mux({mux.method_name("Router", "Generate"):
                     mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})
     await consumer.start()
+    if settings.registry_store == "jetstream":
+        await read_fleet(nc, settings, consumer, recoverer)
     await server.start()
     log.info("router.ready", address=server.address, mode=settings.router_mode)
     return RunningRouter(server.address, router, recoverer, admission, server, consumer, channels, nc, tracing,
                          serve_metrics(metrics.registry, settings.host, settings.metrics_port))
+
+
+async def read_fleet(nc: NatsClient, settings: RouterSettings, consumer: WorkerEventsConsumer,
+                     recoverer: KvRecoverer) -> None:
+    """Join every worker of the registry bucket (verified over gRPC) and dump its KV blocks before serving;
+    at most ``FLEET_WAIT`` s in all. NATS or JetStream unavailable: the heartbeats alone, as without it."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    bucket = registry_bucket(settings.registry_bucket, settings.namespace)
+    try:
+        records = await asyncio.wait_for(read_records(nc.jetstream(), bucket, timeout=FLEET_WAIT), FLEET_WAIT)
+    except Exception as exc:  # TimeoutError included: a JetStream cluster without a leader
+        log.warning("router.registry_unavailable", bucket=bucket, error=repr(exc),
+                    reason="the fleet is learnt from heartbeats only")
+        return
+    joined = await consumer.seed(records, timeout=FLEET_WAIT)
+    with contextlib.suppress(asyncio.TimeoutError):  # placement by load until a late dump arrives
+        await asyncio.wait_for(recoverer.wait_idle(), max(FLEET_WAIT - (loop.time() - started), 0.1))
+    log.info("router.registry_read", bucket=bucket, records=len(records), joined=joined,
+             ms=round((loop.time() - started) * 1000, 1))
 
 
 async def serve(settings: RouterSettings, stop: asyncio.Event) -> None:

@@ -8,6 +8,10 @@
 * Heartbeats (carrying the id of the last published event, so a router notices a lost final event): a
   ``WorkerHeartbeat`` on start, every ``interval`` seconds, at once in answer to any
   message on the discover subject, and a final one with ``leaving=True`` from :meth:`leave`.
+* The registry record (``--registry-store jetstream``, given as a
+  :class:`~services.common.worker_registry.RegistryWriter`): the same heartbeat, written to the registry
+  bucket on start (awaited, at most ``REGISTRY_START_WAIT`` s, so a router started right after finds it)
+  and with every periodic heartbeat (never holding the heartbeat up), deleted by :meth:`leave`.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ import structlog
 
 from services.api import kv_pb2, worker_pb2
 from services.common import subjects
+from services.common.worker_registry import RegistryWriter
 from services.worker import convert
 from services.worker.engine import Engine, KvEvent, KvRemoved, KvStored
 
 log = structlog.get_logger()
+
+REGISTRY_START_WAIT = 2.0
 
 
 class KvPublisher:
@@ -40,8 +47,10 @@ class KvPublisher:
         namespace: str,
         interval: float = 1.0,
         buffer_size: int = 4096,
+        registry: RegistryWriter | None = None,
     ) -> None:
         self._nc = nc
+        self._registry = registry
         self._engine = engine
         self._worker_info = worker_info
         self._worker_id = worker_info().worker_id
@@ -59,15 +68,24 @@ class KvPublisher:
     async def start(self) -> None:
         self._discover_sub = await self._nc.subscribe(subjects.discover(self._namespace), cb=self._on_discover)
         await self.heartbeat()
+        if self._registry is not None:
+            try:
+                await asyncio.wait_for(self._registry.put(self._record()), REGISTRY_START_WAIT)
+            except Exception as exc:  # the heartbeats still announce the worker; later ones retry the write
+                log.warning("worker.registry_unavailable", error=repr(exc),
+                            reason="the worker is still announced by its heartbeats")
         self._tasks = [
             asyncio.create_task(self._publish_events(), name="kv-publisher-events"),
             asyncio.create_task(self._heartbeats(), name="kv-publisher-heartbeats"),
         ]
 
     async def heartbeat(self, leaving: bool = False) -> None:
+        await self._nc.publish(subjects.heartbeat(self._namespace), self._record(leaving))
+
+    def _record(self, leaving: bool = False) -> bytes:
         msg = convert.heartbeat_to_proto(self._worker_info(), self._engine.stats(), leaving)
         msg.last_event_id = self.last_event_id
-        await self._nc.publish(subjects.heartbeat(self._namespace), msg.SerializeToString())
+        return msg.SerializeToString()
 
     async def publish(self, events: list[KvEvent]) -> None:
         """Publish one batch now (normally done by the background task)."""
@@ -103,6 +121,8 @@ class KvPublisher:
             with contextlib.suppress(Exception):
                 await self._discover_sub.unsubscribe()
             self._discover_sub = None
+        if self._registry is not None:
+            await self._registry.close()
         await self.heartbeat(leaving=True)
         with contextlib.suppress(Exception):
             await self._nc.flush(timeout=2)
@@ -134,7 +154,10 @@ class KvPublisher:
             if self._left:
                 break
             try:
-                await self.heartbeat()
+                record = self._record()
+                await self._nc.publish(subjects.heartbeat(self._namespace), record)
+                if self._registry is not None:
+                    self._registry.offer(record)
             except Exception:
                 log.exception("worker.heartbeat_failed")
 

@@ -21,10 +21,12 @@ from nats.aio.client import Client as NatsClient
 from services.api import kv_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common import mux, prompt_reuse
 from services.common.grpc_util import GrpcServer
+from services.common.jetstream import BucketConfig
 from services.common.metrics import MetricsServer, serve_metrics
 from services.common.model_dir import load_model_dir
 from services.common.nats_util import close_nats, connect_nats
 from services.common.tracing import Tracing
+from services.common.worker_registry import TTL_HEARTBEATS, RegistryWriter, registry_bucket
 from services.worker import convert
 from services.worker.engine import Engine
 from services.worker.kv_publisher import KvPublisher
@@ -67,6 +69,16 @@ class RunningWorker:
         log.info("worker.stopped", worker_id=self.worker_id)
 
 
+def registry_writer(settings: WorkerSettings, nc: NatsClient, worker_id: str) -> RegistryWriter | None:
+    """The writer of this worker's registry record (``--registry-store jetstream``), else None."""
+    if settings.registry_store != "jetstream":
+        return None
+    config = BucketConfig(registry_bucket(settings.registry_bucket, settings.namespace),
+                          ttl=TTL_HEARTBEATS * settings.heartbeat_interval, memory=True,
+                          replicas=settings.registry_replicas)
+    return RegistryWriter(nc.jetstream(), config, worker_id)
+
+
 async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None) -> RunningWorker:
     """Build and start every part of a worker; raise (with everything closed) if one fails."""
     worker_id = settings.worker_id or f"worker-{secrets.token_hex(4)}"
@@ -92,7 +104,8 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     try:
         await engine.start()
         publisher = KvPublisher(nc, engine, info, namespace=settings.namespace,
-                                interval=settings.heartbeat_interval, buffer_size=settings.event_buffer)
+                                interval=settings.heartbeat_interval, buffer_size=settings.event_buffer,
+                                registry=registry_writer(settings, nc, worker_id))
         kv_pb2_grpc.add_KvRecoveryServicer_to_server(KvRecoveryServicer(worker_id, publisher), server.server)
         await server.start()
         await publisher.start()

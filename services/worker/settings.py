@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
+from services.common.worker_registry import STORES as REGISTRY_STORES
 from services.kvcore.config import BatchingConfig
 from services.kvcore.timing import DynamoTiming, StepTiming, TimingModel
 
@@ -142,6 +143,15 @@ class WorkerSettings(CommonSettings):
         600.0, "trtllm-grpc: seconds the worker waits at start for the server's HealthCheck to answer OK (it loads "
         "the model first).")
     heartbeat_interval: float = option(1.0, "Seconds between heartbeats on NATS.")
+    registry_store: str = option(
+        "jetstream", "Where routers learn the fleet: the workers' NATS heartbeats only, or also a JetStream KV bucket "
+        "each worker writes its record to (TTL 3 heartbeat intervals), which a starting router reads before it "
+        "routes; NATS without JetStream: heartbeats only, with a warning (docs/state.md).", shared=True,
+        choices=REGISTRY_STORES)
+    registry_bucket: str = option(
+        "", "jetstream registry: the KV bucket (empty: harnessmesh_<namespace>_workers).", shared=True)
+    registry_replicas: int = option(
+        1, "jetstream registry: copies of the bucket in a JetStream cluster (3 for a 3-node cluster).")
     drain_grace: float = option(
         5.0, "Seconds in-flight streams get to finish when the worker is stopped (SIGTERM/SIGINT): it first "
         "announces it is leaving (the router sends it nothing new), then serves what it has, then exits. "
@@ -207,6 +217,8 @@ class WorkerSettings(CommonSettings):
             raise ValueError(f"unknown timing model {self.timing_model!r}; valid: {', '.join(TIMING_MODELS)}")
         if self.heartbeat_interval <= 0:
             raise ValueError("--heartbeat-interval must be positive")
+        if self.registry_replicas < 1:
+            raise ValueError("--registry-replicas must be at least 1")
         if self.drain_grace < 0:
             raise ValueError("--drain-grace must be >= 0")
         if not 0 <= self.port < 65536:
