@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
+import nats.js.errors
 import openai
 import pytest
 
@@ -100,3 +101,33 @@ async def test_get_and_delete_in_memory(client: openai.AsyncOpenAI, fake: FakePa
     with pytest.raises(openai.NotFoundError) as info:
         await client.responses.retrieve(first.id)
     assert "in memory" in str(info.value)
+
+
+class _FailingKv:
+    """A bucket that answers as a JetStream cluster electing a new leader does, ``failures`` times."""
+
+    def __init__(self, failures: int, inner: ChunkedKv | None = None) -> None:
+        self.failures = failures
+        self.calls = 0
+        self.inner = inner
+
+    async def get(self, key: str) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise nats.js.errors.NoStreamResponseError()
+        return None if self.inner is None else await self.inner.get(key)
+
+
+async def test_a_leader_election_is_waited_out() -> None:
+    kv = _FailingKv(failures=3)
+    store = JetStreamResponseStore(kv, bucket="b", ttl=60, max_bytes=-1, retry_for=5)  # type: ignore[arg-type]
+    assert await store.get("resp_x") is None
+    assert kv.calls == 4
+
+
+async def test_a_failover_that_lasts_is_unavailable() -> None:
+    kv = _FailingKv(failures=10**6)
+    store = JetStreamResponseStore(kv, bucket="b", ttl=60, max_bytes=-1, retry_for=0.5)  # type: ignore[arg-type]
+    with pytest.raises(errors.UnavailableError, match="NoStreamResponseError"):
+        await store.get("resp_x")
+    assert 2 <= kv.calls <= 6
