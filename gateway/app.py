@@ -26,7 +26,8 @@ from gateway.apis.anthropic import errors as anthropic_errors
 from gateway.apis.openai_chat import errors as openai_errors
 from gateway.apis.openai_chat.endpoint import ChatCompletions
 from gateway.apis.responses.endpoint import ResponsesApi
-from gateway.apis.responses.store import ResponseStore
+from gateway.apis.responses.routes import responses_routes
+from gateway.apis.responses.store import ResponseStorage, ResponseStore
 from gateway.auth import ApiKeys
 from gateway.boundary import public_error, request_id_of
 from gateway.catalog import ModelCatalog
@@ -234,19 +235,23 @@ def _metrics_endpoint(metrics: GatewayMetrics) -> Callable[[Request], Awaitable[
 
 
 def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Tracer | None = None,
-               metrics: GatewayMetrics | None = None) -> Starlette:
+               metrics: GatewayMetrics | None = None, *, responses_store: ResponseStorage | None = None) -> Starlette:
     """The gateway's HTTP app over ``parse``; ``tracer`` defaults to the global provider's.
 
-    With ``metrics``, ``GET /metrics`` serves them in Prometheus' text format.
+    With ``metrics``, ``GET /metrics`` serves them in Prometheus' text format. ``responses_store`` keeps the
+    Responses API's responses (``previous_response_id``, ``GET`` / ``DELETE /v1/responses/{id}``): the one
+    ``--responses-store`` chose (``gateway/shared_state.py``); None: a memory store sized by ``settings``.
     """
     catalog = ModelCatalog.load(settings.model_catalog) if settings.model_catalog else ModelCatalog()
     models = ModelsApi(parse, catalog)
-    responses = ResponsesApi(parse, ResponseStore(settings.responses_store_size, settings.responses_store_ttl))
+    store = responses_store
+    if store is None:
+        store = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
     tokenize = TokenizeApi(parse)
     chat = ChatCompletions(parse, tool_dispatch=settings.enable_streaming_tool_dispatch)
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
-        Route("/v1/responses", responses.create, methods=["POST"]),
+        *responses_routes(ResponsesApi(parse, store)),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/health", models.health, methods=["GET"]),

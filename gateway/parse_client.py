@@ -66,6 +66,8 @@ class ParseClient:
             call = self._chat(request, timeout=self._timeout)
         outcome = "cancelled"
         try:
+            if turn is not None:
+                await turn.loaded()  # shared turn links: the read begun with the turn, overlapped with the call
             while True:
                 batch = await call.read()
                 if batch is grpc.aio.EOF:
@@ -74,6 +76,8 @@ class ParseClient:
                 assert isinstance(batch, chat_pb2.ChatEventBatch)
                 if turn is not None:
                     turn.observe(batch)
+                    if turn.fold.finished:
+                        await turn.saved()  # shared: written before the turn's end reaches the client
                 yield batch
         except grpc.aio.AioRpcError as exc:
             outcome = "error"

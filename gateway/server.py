@@ -9,16 +9,16 @@ from collections.abc import Iterator
 
 import structlog
 import uvicorn
+from starlette.applications import Starlette
 
 from gateway.admission import Admission
 from gateway.apis.grpc_edge.service import AgentServicer, add_agent_service
-from gateway.apis.responses.endpoint import ResponsesApi
-from gateway.apis.responses.routes import OpenedStore, open_response_store, serve_responses_from
 from gateway.app import create_app
 from gateway.auth import ApiKeys
 from gateway.metrics import GatewayMetrics
 from gateway.parse_client import ParseClient
 from gateway.settings import GatewaySettings
+from gateway.shared_state import GatewayState, open_state
 from gateway.trace_records import TraceRecordSink
 from gateway.turn_tracking import TurnTracker
 from services.common.grpc_util import GrpcServer, open_channel, open_mux_channel
@@ -59,9 +59,14 @@ def admission_of(settings: GatewaySettings) -> Admission:
 class Gateway:
     """The running gateway: HTTP edge + gRPC edge over one channel to the parse service.
 
-    ``start()`` binds both ports (port 0 picks a free one) and returns when both serve;
-    ``stop()`` shuts down both and closes the channel. Tests build it exactly like ``serve``.
+    ``start()`` opens the stores that may be shared with other replicas (``shared_state.py``: memory or NATS
+    JetStream), builds the parse client and the app over them, binds both ports (port 0 picks a free one)
+    and returns when both serve; ``stop()`` shuts down both and closes the channel and the stores. ``parse``
+    and ``app`` exist once started. Tests build it exactly like ``serve``.
     """
+
+    parse: ParseClient
+    app: Starlette
 
     def __init__(self, settings: GatewaySettings, tracing: Tracing | None) -> None:
         self.settings = settings
@@ -70,21 +75,28 @@ class Gateway:
         self._streams = open_mux_channel(settings.parse_address, settings.tls())
         self.metrics = GatewayMetrics()
         self.records = TraceRecordSink(settings.trace_records) if settings.trace_records else None
-        tracer = tracing.tracer if tracing is not None else None
-        self.parse = ParseClient(
-            self._channel, timeout=settings.request_timeout, served_model_name=settings.served_model_name,
-            aliases=settings.model_aliases(), turns=TurnTracker(tracer, self.metrics, self.records),
-            streams=self._streams, admission=admission_of(settings),
-        )
-        self.metrics.watch_admission(self.parse.admission)
-        self.app = create_app(self.parse, settings, tracer, self.metrics)
         self._metrics_server: MetricsServer | None = None
         # the harness edge: TLS when configured, but no client certificate (harnesses use the API key)
         self._grpc = GrpcServer(tracing, settings.host, settings.grpc_port, settings.tls(), client_auth=False)
-        agent = AgentServicer(self.parse, ApiKeys(settings.api_key))
-        add_agent_service(agent, self._grpc.server)  # undecodable requests: INVALID_ARGUMENT, not UNKNOWN
         self._sock = _bind(settings.host, settings.http_port)
         self.http_port: int = self._sock.getsockname()[1]
+        self._http: _Uvicorn | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._state: GatewayState | None = None
+
+    def _build(self, state: GatewayState) -> _Uvicorn:
+        """The parse client, the HTTP app and the gRPC edge over the opened ``state``; the HTTP server to run."""
+        settings = self.settings
+        tracer = self._tracing.tracer if self._tracing is not None else None
+        turns = TurnTracker(tracer, self.metrics, self.records, links=state.turn_links)
+        self.parse = ParseClient(
+            self._channel, timeout=settings.request_timeout, served_model_name=settings.served_model_name,
+            aliases=settings.model_aliases(), turns=turns, streams=self._streams, admission=admission_of(settings),
+        )
+        self.metrics.watch_admission(self.parse.admission)
+        self.app = create_app(self.parse, settings, tracer, self.metrics, responses_store=state.responses)
+        agent = AgentServicer(self.parse, ApiKeys(settings.api_key))
+        add_agent_service(agent, self._grpc.server)  # undecodable requests: INVALID_ARGUMENT, not UNKNOWN
         config = uvicorn.Config(
             self.app,
             http="httptools",  # C parser: half h11's CPU per request (a refusal under overload: 0.36 -> 0.17 ms)
@@ -93,9 +105,7 @@ class Gateway:
             access_log=False,
             timeout_graceful_shutdown=2,
         )
-        self._http = _Uvicorn(config)
-        self._http_task: asyncio.Task[None] | None = None
-        self._responses: OpenedStore | None = None
+        return _Uvicorn(config)
 
     @property
     def http_url(self) -> str:
@@ -107,12 +117,12 @@ class Gateway:
         return self._grpc.address
 
     async def start(self) -> None:
-        self._responses = await open_response_store(self.settings)  # memory, or NATS JetStream (docs/state.md)
-        serve_responses_from(self.app, ResponsesApi(self.parse, self._responses.store))
+        self._state = await open_state(self.settings)  # memory, or NATS JetStream (docs/state.md)
+        http = self._http = self._build(self._state)
         self._metrics_server = serve_metrics(self.metrics.registry, self.settings.host, self.settings.metrics_port)
         await self._grpc.start()
-        self._http_task = asyncio.create_task(self._http.serve(sockets=[self._sock]))
-        while not self._http.started:
+        self._http_task = asyncio.create_task(http.serve(sockets=[self._sock]))
+        while not http.started:
             if self._http_task.done():
                 await self._http_task  # surfaces the start-up failure
                 raise RuntimeError("the HTTP server exited during start-up")
@@ -121,7 +131,8 @@ class Gateway:
                  parse_address=self.settings.parse_address)
 
     async def stop(self) -> None:
-        self._http.should_exit = True
+        if self._http is not None:
+            self._http.should_exit = True
         if self._http_task is not None:
             await self._http_task
         else:
@@ -133,8 +144,8 @@ class Gateway:
             self._metrics_server.stop()
         if self.records is not None:
             self.records.close()
-        if self._responses is not None:
-            await self._responses.close()
+        if self._state is not None:
+            await self._state.close()
         log.info("gateway.stopped")
 
 

@@ -69,7 +69,20 @@ class GatewaySettings(CommonSettings):
         1 << 30, "jetstream store: the bucket's size cap in bytes (oldest responses dropped past it; -1: none).")
     responses_store_replicas: int = option(
         1, "jetstream store: copies of the bucket in a JetStream cluster (3 for a 3-node cluster).")
-    nats_url: str = option("nats://127.0.0.1:4222", "NATS server (used only by --responses-store jetstream).",
+    turn_links_store: str = option(
+        "memory", "Where each trajectory's previous-turn span link and dispatched tool calls (execute_tool spans) "
+        "live: this process's memory, or a NATS JetStream KV bucket every gateway replica shares (docs/state.md).",
+        choices=("memory", "jetstream"))
+    turn_links_bucket: str = option(
+        "", "jetstream turn links: the KV bucket (empty: harnessmesh_<namespace>_turn_links).")
+    turn_links_ttl: float = option(
+        21600.0, "jetstream turn links: seconds a trajectory's links are kept after its last turn.")
+    turn_links_max_bytes: int = option(
+        256 << 20, "jetstream turn links: the bucket's size cap in bytes (oldest trajectories dropped past it; "
+        "-1: none).")
+    turn_links_replicas: int = option(
+        1, "jetstream turn links: copies of the bucket in a JetStream cluster (3 for a 3-node cluster).")
+    nats_url: str = option("nats://127.0.0.1:4222", "NATS server (used only by the jetstream stores).",
                            shared=True)
     nats_token: str = option("", "Token the NATS server requires (HARNESSMESH_NATS_TOKEN).", shared=True, secret=True)
     trace_records: str = option(
@@ -103,7 +116,9 @@ class GatewaySettings(CommonSettings):
         self.model_aliases()
         if self.responses_store_size < 0 or self.responses_store_ttl <= 0:
             raise ValueError("responses_store_size must be >= 0 and responses_store_ttl positive")
-        if self.responses_store == "jetstream" and not self.nats_url:
-            raise ValueError("responses_store jetstream needs nats_url")
-        if self.responses_store_replicas < 1:
-            raise ValueError("responses_store_replicas must be at least 1")
+        if "jetstream" in (self.responses_store, self.turn_links_store) and not self.nats_url:
+            raise ValueError("responses_store / turn_links_store jetstream needs nats_url")
+        if self.responses_store_replicas < 1 or self.turn_links_replicas < 1:
+            raise ValueError("responses_store_replicas and turn_links_replicas must be at least 1")
+        if self.turn_links_ttl <= 0:
+            raise ValueError("turn_links_ttl must be positive")

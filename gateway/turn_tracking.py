@@ -7,27 +7,29 @@ fold the APIs' encoders read. Per turn:
 
 * the current (root) span becomes the GenAI conventions' ``chat {model}`` span (:func:`annotate_chat_span`:
   identity under our names and ``gen_ai.*``, set once), with a link to the previous turn of the same
-  trajectory (bounded map session/trajectory -> last root span context);
+  trajectory (bounded map session/trajectory -> last root span context; with ``links``, a JetStream bucket
+  every replica shares: ``turn_links.py``, read once while the parse call starts, written once as it ends);
 * the identity becomes W3C baggage for the call to parse (replacing any baggage the context had), and
   rides on to every hop;
 * tool results in the request that answer calls we dispatched earlier become ``execute_tool {tool}``
   spans from our dispatch to their arrival: the harness's tool time (bounded map tool_call_id -> dispatch
-  time and name);
+  time and name; shared per trajectory with ``links``);
 * at the end: the usage attributes (``gen_ai.usage.*``, once), TTFT / inter-token / end-to-end histograms,
   cached-token ratio, dispatch lead time, and one trace record when a sink is configured.
 
 Span attributes are built only when the span records (a sampler kept it): nothing per token, nothing for
-an unsampled turn.
+an unsampled turn. ``ParseClient`` awaits :meth:`Turn.loaded` once the parse call is open and
+:meth:`Turn.saved` before yielding the batch that finishes the turn; both return at once in memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import baggage, context, trace
@@ -35,6 +37,7 @@ from opentelemetry import baggage, context, trace
 from gateway.metrics import GatewayMetrics
 from gateway.trace_records import TraceRecord, TraceRecordSink
 from gateway.turn import OUTPUT, CallDispatched, ToolCall, TurnFold
+from gateway.turn_links import Dispatched, JetStreamTurnLinks, TrajectoryLinks
 from services.api import chat_pb2
 from services.common.tracing import (
     GEN_AI_OPERATION,
@@ -47,15 +50,6 @@ from services.common.tracing import (
 
 # The API a request arrived through; the HTTP middleware sets it per route, the gRPC edge is the default.
 API: ContextVar[str] = ContextVar("harnessmesh_api", default="grpc")
-
-
-@dataclass(frozen=True)
-class _Dispatched:
-    name: str
-    at_ns: int                       # wall clock, for the execute_tool span's start
-    at: float                        # monotonic
-    turn: trace.SpanContext          # the root span of the turn that dispatched it
-    harness: str
 
 
 def annotate_chat_span(request: chat_pb2.ChatRequest) -> None:
@@ -95,16 +89,20 @@ def _bounded_put(table: OrderedDict[str, Any], key: str, value: Any, limit: int)
 
 
 class TurnTracker:
-    """Per-process turn bookkeeping (bounded: the least recently used entries go first)."""
+    """Per-process turn bookkeeping (bounded: the least recently used entries go first); with ``links`` a
+    trajectory's previous turn and dispatched calls are shared by every gateway replica (``turn_links.py``)."""
 
     def __init__(self, tracer: trace.Tracer | None = None, metrics: GatewayMetrics | None = None,
-                 records: TraceRecordSink | None = None, *, max_entries: int = 8192) -> None:
+                 records: TraceRecordSink | None = None, *, max_entries: int = 8192,
+                 links: JetStreamTurnLinks | None = None) -> None:
         self.tracer = tracer or trace.get_tracer("harnessmesh.gateway")
         self.metrics = metrics
         self.records = records
+        self.links = links
         self._limit = max_entries
         self._last_turn: OrderedDict[str, trace.SpanContext] = OrderedDict()
-        self._dispatched: OrderedDict[str, _Dispatched] = OrderedDict()
+        self._dispatched: OrderedDict[str, Dispatched] = OrderedDict()
+        self._saving: set[asyncio.Task[None]] = set()  # writes of turns that ended without a finish
 
     def begin(self, request: chat_pb2.ChatRequest) -> Turn:
         turn = Turn(self, request)
@@ -112,29 +110,32 @@ class TurnTracker:
         ident = request.identity
         annotate_chat_span(request)
         root_ctx = root.get_span_context()
+        key = f"{ident.session_id}/{ident.trajectory_id}"
+        if self.links is not None and not ident.anonymous:
+            turn.share(_SharedTurn(self.links, key, root, root_ctx))  # read now, applied in Turn.loaded
+            return turn
         if root_ctx.is_valid and not ident.anonymous:
-            key = f"{ident.session_id}/{ident.trajectory_id}"
             previous = self._last_turn.get(key)
             if previous is not None:
                 root.add_link(previous, {"link.type": "previous_turn"})
             _bounded_put(self._last_turn, key, root_ctx, self._limit)
-        self._tool_results(request, turn)
+        if self._dispatched:
+            self._tool_results(request, turn, root_ctx, self._dispatched.pop)
         return turn
 
-    def _tool_results(self, request: chat_pb2.ChatRequest, turn: Turn) -> None:
-        """``execute_tool {tool}`` spans for results of calls we dispatched (each recorded once): the harness's
-        tool time, from our dispatch to the result's arrival, under the turn that carries the result."""
-        if not self._dispatched:
-            return
-        now_ns, now = time.time_ns(), time.monotonic()
-        sampled = trace.get_current_span().get_span_context().trace_flags.sampled  # else no span would record
+    def _tool_results(self, request: chat_pb2.ChatRequest, turn: Turn, root: trace.SpanContext,
+                      take: Callable[[str, None], Dispatched | None]) -> None:
+        """``execute_tool {tool}`` spans for results of calls we dispatched (each taken once from ``take``): the
+        harness's tool time, from our dispatch to the result's arrival, under the turn that carries the result."""
+        now_ns = time.time_ns()
+        sampled = root.trace_flags.sampled  # else no span would record
         for message in request.messages:
             if message.role != "tool" or not message.tool_call_id:
                 continue
-            dispatched = self._dispatched.pop(message.tool_call_id, None)
+            dispatched = take(message.tool_call_id, None)
             if dispatched is None:
                 continue
-            seconds = max(now - dispatched.at, 0.0)
+            seconds = max(now_ns - dispatched.at_ns, 0) / 1e9
             if sampled:
                 self._tool_span(request, turn, dispatched, message, now_ns)
             turn.tool_results.append({"id": message.tool_call_id, "name": dispatched.name,
@@ -142,7 +143,7 @@ class TurnTracker:
             if self.metrics is not None:
                 self.metrics.harness_tool.labels(dispatched.harness or "unknown").observe(seconds)
 
-    def _tool_span(self, request: chat_pb2.ChatRequest, turn: Turn, dispatched: _Dispatched,
+    def _tool_span(self, request: chat_pb2.ChatRequest, turn: Turn, dispatched: Dispatched,
                    message: chat_pb2.Message, now_ns: int) -> None:
         ident = request.identity
         attrs: dict[str, Any] = conversation_attributes(ident.session_id, ident.trajectory_id, ident.harness,
@@ -162,8 +163,27 @@ class TurnTracker:
             span.set_status(trace.StatusCode.ERROR, "the tool reported an error")
         span.end(end_time=max(now_ns, dispatched.at_ns))
 
-    def dispatched(self, call_id: str, value: _Dispatched) -> None:
+    def dispatched(self, call_id: str, value: Dispatched) -> None:
         _bounded_put(self._dispatched, call_id, value, self._limit)
+
+    def save_later(self, turn: Turn) -> None:
+        """Write ``turn``'s links in the background (its stream ended without a finish; nobody waits)."""
+        task = asyncio.ensure_future(turn.saved())
+        self._saving.add(task)
+        task.add_done_callback(self._saving.discard)
+
+
+class _SharedTurn:
+    """One turn's share of a trajectory's links: the read begun at the start, what the end writes."""
+
+    def __init__(self, store: JetStreamTurnLinks, key: str, root: trace.Span, root_ctx: trace.SpanContext) -> None:
+        self.store = store
+        self.key = key
+        self.root = root
+        self.root_ctx = root_ctx
+        self.read: asyncio.Future[TrajectoryLinks] | None = asyncio.ensure_future(store.load(key))
+        self.links = TrajectoryLinks()
+        self.saved = False
 
 
 class Turn:
@@ -186,8 +206,41 @@ class Turn:
         self.tool_results: list[dict[str, Any]] = []
         self._dispatch_times: list[float] = []
         self._ended = False
+        self._shared: _SharedTurn | None = None
         if tracker.metrics is not None:
             tracker.metrics.active.labels(self.api).inc()
+
+    def share(self, shared: _SharedTurn) -> None:
+        """Take this turn's links from (and give them to) the replicas' shared store."""
+        self._shared = shared
+
+    async def loaded(self) -> None:
+        """Apply the trajectory's shared links (the read begun with the turn): the link to its previous turn
+        and the spans of the tool results this request carries. Once; at once when nothing is shared."""
+        shared = self._shared
+        if shared is None or shared.read is None:
+            return
+        read, shared.read = shared.read, None
+        links = await read
+        if links.turn is not None and shared.root_ctx.is_valid:
+            shared.root.add_link(links.turn, {"link.type": "previous_turn"})
+        if links.calls:
+            self._tracker._tool_results(self.request, self, shared.root_ctx, links.calls.pop)
+        links.calls.update(shared.links.calls)  # dispatched before the read was applied
+        shared.links = links
+
+    async def saved(self) -> None:
+        """Write the trajectory's links for its next turn: this turn as the one to link to, its dispatched calls
+        beside those still unanswered. Once; at once when nothing is shared."""
+        shared = self._shared
+        if shared is None or shared.saved:
+            return
+        shared.saved = True
+        await self.loaded()
+        links = shared.links
+        if shared.root_ctx.is_valid:
+            links.turn = shared.root_ctx
+        await shared.store.save(shared.key, links)
 
     @contextlib.contextmanager
     def attached(self) -> Iterator[None]:
@@ -212,8 +265,11 @@ class Turn:
 
     def _dispatch(self, call: ToolCall, now: float) -> None:
         root = trace.get_current_span().get_span_context()
-        self._tracker.dispatched(call.id, _Dispatched(call.name, time.time_ns(), now, root,
-                                                      self.request.identity.harness))
+        dispatched = Dispatched(call.name, time.time_ns(), root, self.request.identity.harness)
+        if self._shared is not None:
+            self._shared.links.calls[call.id] = dispatched
+        else:
+            self._tracker.dispatched(call.id, dispatched)
         self._dispatch_times.append(now)
         self.tool_calls.append({"id": call.id, "name": call.name,
                                 "dispatch_ms": round((now - self.started) * 1000, 3)})
@@ -223,6 +279,8 @@ class Turn:
         if self._ended:
             return
         self._ended = True
+        if self._shared is not None and not self._shared.saved:
+            self._tracker.save_later(self)
         fold = self.fold
         if fold.error is not None:
             outcome = "error"

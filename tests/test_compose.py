@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import yaml
 
@@ -34,6 +35,10 @@ TOKEN_VAR = "HARNESSMESH_NATS_TOKEN"
 PUBLISH_VAR = "HARNESSMESH_PUBLISH_ADDRESS"
 BASE_ENV = {TOKEN_VAR: "compose-test-token"}
 GPU_ENGINES = ("trtllm", "trtllm-grpc")
+# Services that run another project's image with its own healthcheck: Jaeger, and TensorRT-LLM's own server
+# beside the trtllm-grpc worker (NVIDIA's image, untouched).
+THIRD_PARTY = {"jaeger", "trtllm-serve-1"}
+GPU_PROFILES = ({"gpu"}, {"gpu-grpc"})
 _VARIABLE = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 
 
@@ -118,7 +123,9 @@ def test_profiles_mocker_by_default_and_gpu_alone() -> None:
     gpu = active(compose, {"gpu"})  # `--profile gpu` replaces COMPOSE_PROFILES: no mocker worker starts
     assert gpu == core | {n for n in compose["services"] if n.startswith("worker-gpu-")}
     assert len(gpu - core) >= 2
-    for selected in (default, gpu):
+    grpc = active(compose, {"gpu-grpc"})  # the other TensorRT-LLM engine, on the same GPUs: alone too
+    assert grpc == core | {"trtllm-serve-1", "worker-grpc-1"}
+    for selected in (default, gpu, grpc):
         for name in selected:  # everything a started service waits for is started too
             assert set(compose["services"][name].get("depends_on", {})) <= selected, name
 
@@ -127,12 +134,20 @@ def test_every_service_is_health_checked_and_waits_for_healthy_dependencies(comp
     for name, svc in compose["services"].items():
         assert svc["healthcheck"]["test"], name
         for dependency, condition in svc.get("depends_on", {}).items():
-            assert condition == {"condition": "service_healthy"}, (name, dependency)
             assert dependency != "jaeger", f"{name} must start without Jaeger"
+            if condition == {"condition": "service_started"}:
+                # only a trtllm-grpc worker on its engine server: the worker waits for the server's HealthCheck
+                # itself (--trtllm-grpc-connect-timeout), so it is up and visible while the model loads
+                argv = svc["command"]
+                assert flag(argv, "--engine") == "trtllm-grpc", (name, dependency)
+                assert flag(argv, "--trtllm-grpc-target").split(":")[0] == dependency, (name, dependency)
+                continue
+            assert condition == {"condition": "service_healthy"}, (name, dependency)
     assert compose["services"]["gateway"]["depends_on"] == {"parse": {"condition": "service_healthy"}}
     assert compose["services"]["parse"]["depends_on"] == {"router": {"condition": "service_healthy"}}
     for name in ("router", "worker-1", "worker-2", "worker-gpu-1"):
         assert compose["services"][name]["depends_on"] == {"nats": {"condition": "service_healthy"}}
+    assert compose["services"]["worker-grpc-1"]["depends_on"]["nats"] == {"condition": "service_healthy"}
 
 
 def test_healthchecks_parse_with_the_real_cli_and_check_the_service_own_port(compose: dict[str, Any]) -> None:
@@ -144,7 +159,7 @@ def test_healthchecks_parse_with_the_real_cli_and_check_the_service_own_port(com
     nats_conf = (REPO / "deploy" / "nats" / "nats.conf").read_text()
     ports["nats"] = int(re.search(r"listen: [\d.]+:(\d+)", nats_conf).group(1))  # type: ignore[union-attr]
     for name, svc in compose["services"].items():
-        if name == "jaeger":
+        if name in THIRD_PARTY:
             continue
         argv = healthcheck_argv(svc)
         assert argv[:2] == ["harnessmesh", "health"], name
@@ -154,6 +169,26 @@ def test_healthchecks_parse_with_the_real_cli_and_check_the_service_own_port(com
         assert ns.service == kind, name
         address = ns.url if kind in ("gateway", "nats") else f"//{ns.target}"
         assert address.endswith(f"//127.0.0.1:{ports[name]}"), (name, address)
+
+
+def test_the_trtllm_server_healthcheck_connects_to_the_port_it_serves(compose: dict[str, Any]) -> None:
+    server = compose["services"]["trtllm-serve-1"]
+    bash, dash_c, script = server["command"]
+    assert (bash, dash_c) == ("bash", "-c") and "trtllm-serve /models/model --grpc" in script
+    port = int(re.search(r"--port (\d+)", script).group(1))  # type: ignore[union-attr]
+    assert "--host 0.0.0.0" in script and "ports" not in server, "reached on the compose network only"
+    check = healthcheck_argv(server)
+    assert check[:2] == ["python3", "-c"] and f"('127.0.0.1', {port})" in check[2]
+    compile(check[2], "healthcheck", "exec")  # the probe is valid Python (the image's python3 runs it)
+    assert server["healthcheck"]["start_period"] == compose["services"]["worker-gpu-1"]["healthcheck"]["start_period"]
+    config = yaml.safe_load((REPO / "deploy" / "trtllm" / "trtllm-serve.yaml").read_text())
+    assert "./deploy/trtllm/trtllm-serve.yaml:/cfg.yaml:ro" in server["volumes"] and "/cfg.yaml" in script
+    assert config["kv_cache_config"]["enable_block_reuse"] and config["kv_cache_config"]["event_buffer_max_size"] > 0
+    assert config["enable_chunked_prefill"] is True and config["max_num_tokens"] == 8192
+    worker = next(settings_of(spec, argv, env) for n, spec, argv, env in our_services(compose) if n == "worker-grpc-1")
+    assert worker.trtllm_grpc_target == f"trtllm-serve-1:{port}"
+    assert worker.block_size == config["kv_cache_config"]["tokens_per_block"]  # the wire does not carry it
+    assert worker.trtllm_grpc_connect_timeout >= float(server["healthcheck"]["start_period"].rstrip("s"))
 
 
 def test_every_command_parses_with_the_real_cli(compose: dict[str, Any]) -> None:
@@ -173,6 +208,7 @@ def test_addresses_point_at_real_ports(compose: dict[str, Any]) -> None:
     router, parse, gateway = by_name["router"], by_name["parse"], by_name["gateway"]
     assert parse.router_address == f"router:{router.port}"
     assert gateway.parse_address == f"parse:{parse.port}"
+    assert gateway.nats_url == parse.nats_url == "nats://nats:4222"  # the jetstream state stores' NATS
     for name, settings in by_name.items():
         if name.startswith("worker"):
             assert settings.advertise_host == name
@@ -217,10 +253,10 @@ def test_one_build_per_image_and_every_harnessmesh_service_runs_it(compose: dict
             builds[svc["image"]] = builds.get(svc["image"], 0) + 1
     assert builds == {"harnessmesh:local": 1, "harnessmesh-trtllm:local": 1}
     for name, svc in compose["services"].items():
-        if name != "jaeger":
+        if name not in THIRD_PARTY:
             assert svc["image"] in builds, name
     # The builder of each image is started whenever a user of that image is (compose builds it first).
-    for profiles in ({"mocker"}, {"gpu"}):
+    for profiles in ({"mocker"}, *GPU_PROFILES):
         selected = active(compose, profiles)
         for image in builds:
             users = {n for n in selected if compose["services"][n].get("image") == image}
@@ -228,29 +264,33 @@ def test_one_build_per_image_and_every_harnessmesh_service_runs_it(compose: dict
             assert not users or len(builders) == 1, (profiles, image)
 
 
-def test_gpu_profile_takes_model_and_name_from_variables_and_runs_registered_engines() -> None:
+def test_gpu_profiles_take_model_and_name_from_variables_and_run_registered_engines() -> None:
     compose = load(HARNESSMESH_MODEL_DIR="/srv/models/Qwen3-32B", HARNESSMESH_SERVED_MODEL_NAME="qwen3-32b")
-    gpu = [(n, spec, argv, env) for n, spec, argv, env in our_services(compose)
-           if compose["services"][n].get("profiles") == ["gpu"]]
-    assert len(gpu) >= 2
-    devices: list[str] = []
     engines = set()
-    for name, spec, argv, env in gpu:
-        settings = settings_of(spec, argv, env)
-        assert settings.engine in ENGINES and settings.engine in GPU_ENGINES and settings.model == "/models/model"
-        engines.add(settings.engine)
-        svc = compose["services"][name]
-        assert "/srv/models/Qwen3-32B:/models/model:ro" in svc["volumes"]
-        (reservation,) = svc["deploy"]["resources"]["reservations"]["devices"]
-        assert reservation["driver"] == "nvidia" and reservation["capabilities"] == ["gpu"]
-        devices += reservation["device_ids"]
-    assert len(devices) == len(set(devices)), "two workers reserve the same GPU"
-    assert "trtllm" in engines
-    text = (REPO / "compose.yaml").read_text()
-    for engine in set(GPU_ENGINES) - engines:  # not in compose yet: its place is marked
-        assert f"`--engine {engine}`" in text, engine
+    for profiles in GPU_PROFILES:  # each TensorRT-LLM engine alone, its GPUs reserved once
+        selected = active(compose, profiles) - active(compose, set())
+        workers = [(n, spec, argv, env) for n, spec, argv, env in our_services(compose) if n in selected]
+        assert workers, profiles
+        for _name, spec, argv, env in workers:
+            settings = settings_of(spec, argv, env)
+            assert settings.engine in ENGINES and settings.engine in GPU_ENGINES and settings.model == "/models/model"
+            engines.add(settings.engine)
+        devices: list[str] = []
+        for name in selected:
+            svc = compose["services"][name]
+            assert "/srv/models/Qwen3-32B:/models/model:ro" in svc["volumes"], name
+            if "deploy" not in svc:
+                continue
+            (reservation,) = svc["deploy"]["resources"]["reservations"]["devices"]
+            assert reservation["driver"] == "nvidia" and reservation["capabilities"] == ["gpu"]
+            devices += reservation["device_ids"]
+        assert devices and len(devices) == len(set(devices)), ("two containers reserve the same GPU", profiles)
+    assert engines == set(GPU_ENGINES)
+    assert "deploy" not in compose["services"]["worker-grpc-1"], "the trtllm-grpc worker needs no GPU"
     assert compose["services"]["worker-gpu-1"]["build"]["dockerfile"] == "Dockerfile.trtllm"
-    assert (REPO / "Dockerfile.trtllm").read_text().count("nvcr.io/nvidia/tensorrt-llm/release") == 1
+    release = re.search(r"nvcr\.io/nvidia/tensorrt-llm/release:\S+", (REPO / "Dockerfile.trtllm").read_text())
+    assert release is not None and (REPO / "Dockerfile.trtllm").read_text().count(release.group(0)) == 1
+    assert compose["services"]["trtllm-serve-1"]["image"] == release.group(0), "one TensorRT-LLM release"
     parse = next(settings_of(spec, argv, env) for n, spec, argv, env in our_services(compose) if n == "parse")
     gateway = next(settings_of(spec, argv, env) for n, spec, argv, env in our_services(compose) if n == "gateway")
     assert parse.model == "/models/model" and "/srv/models/Qwen3-32B:/models/model:ro" in compose["services"][
@@ -364,15 +404,27 @@ def test_every_compose_healthcheck_passes_against_the_real_mesh(compose: dict[st
         assert "unhealthy" in done.stdout and "refused" in done.stdout.lower()
 
 
-async def test_the_compose_nats_command_and_config_require_the_token(tmp_path: Path) -> None:
+async def test_the_compose_nats_command_and_config_require_the_token_and_run_jetstream(tmp_path: Path) -> None:
     """The real nats-server with compose's command (its config file mapped back from the volume), the token
-    in its environment as compose gives it; ``harnessmesh health nats`` as the healthcheck runs it."""
+    in its environment as compose gives it; ``harnessmesh health nats`` as the healthcheck runs it. JetStream
+    is on, its store on the named volume (moved to a temporary directory here)."""
+    raw = yaml.safe_load((REPO / "compose.yaml").read_text())
     nats_service = load()["services"]["nats"]
     command = list(nats_service["command"])
     assert command[0] == "nats-server"
+    named = {}
     for volume in nats_service["volumes"]:
-        host, container, _mode = volume.split(":")
-        command = [str(REPO / host) if arg == container else arg for arg in command]
+        host, container, *_mode = volume.split(":")
+        if host.startswith("./"):
+            command = [str(REPO / host) if arg == container else arg for arg in command]
+        else:
+            named[host] = container
+    assert re.search(r"^jetstream \{", (REPO / "deploy" / "nats" / "nats.conf").read_text(), re.M)
+    at = command.index("--store_dir") + 1
+    ((volume, mount),) = named.items()
+    assert volume in raw["volumes"] and command[at].startswith(mount + "/"), "the store lives on the named volume"
+    store = tmp_path / "store"
+    command[at] = str(store)
     port = free_port()
     token = "compose-test-token"
     server = await asyncio.create_subprocess_exec(
@@ -390,6 +442,13 @@ async def test_the_compose_nats_command_and_config_require_the_token(tmp_path: P
         for env in ({}, {TOKEN_VAR: "not-the-token"}):
             done = await asyncio.to_thread(run_health, argv, env)
             assert done.returncode == 1 and "Authorization Violation" in done.stdout, done.stdout
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", token=token)
+        try:
+            info = await nc.jetstream().account_info()  # JetStream answers: the state stores can open buckets
+            assert info.limits.max_storage != 0
+        finally:
+            await nc.close()
+        assert (store / "jetstream").is_dir()
     finally:
         await terminate([server], 5.0)
 

@@ -269,6 +269,7 @@ def test_secrets_come_from_secrets_never_a_command_line(variant: Any) -> None:
     settings = {spec.name: settings_of(w, c, spec) for w, c, spec in ours(docs)}
     token = SECRET_PLACEHOLDER.format(name=secret_name, key="nats-token")
     assert settings["router"].nats_token == token and settings["worker"].nats_token == token
+    assert settings["gateway"].nats_token == settings["parse"].nats_token == token  # the state stores' NATS
     assert settings["gateway"].thinking_signature_key == SECRET_PLACEHOLDER.format(
         name=secret_name, key="thinking-signature-key")
 
@@ -326,6 +327,7 @@ def test_addresses_point_at_real_services_and_ports(variant: Any) -> None:
         nats_service = find(docs, "Service", nats_name)
         (nats_port,) = [p["port"] for p in nats_service["spec"]["ports"] if p["name"] == "nats"]
         assert router.nats_url == worker.nats_url == f"nats://{fqdn(nats_name)}:{nats_port}"
+    assert gateway.nats_url == parse.nats_url == router.nats_url  # the JetStream state stores (docs/state.md)
 
 
 def test_services_and_budgets_select_their_pods(variant: Any) -> None:
@@ -464,6 +466,49 @@ async def test_the_rendered_nats_config_refuses_clients_without_the_token(tmp_pa
                                    max_reconnect_attempts=0)
     finally:
         await terminate([server], 5.0)
+
+
+# --- state shared by replicas (docs/state.md) ---------------------------------------------------------------------
+
+def test_state_is_in_jetstream_by_default_with_a_copy_per_nats_node(variant: Any) -> None:
+    name, values, docs = variant
+    merged = render_values(values)
+    state = merged["state"]
+    _gw, _gc, gateway = component(docs, "gateway")
+    _pw, _pc, parse = component(docs, "parse")
+    assert (gateway.responses_store, gateway.turn_links_store, parse.prefix_watch_store) == ("jetstream",) * 3
+    # every copy of a bucket on its own NATS node: the chart's 3-node cluster, one external server
+    replicas = merged["nats"]["config"]["cluster"]["replicas"] if name != "options" else 1
+    assert gateway.responses_store_replicas == gateway.turn_links_replicas == parse.prefix_watch_replicas == replicas
+    assert (gateway.responses_store_ttl, gateway.responses_store_max_bytes) == (
+        state["responses"]["ttl"], state["responses"]["maxBytes"])
+    assert (gateway.turn_links_ttl, gateway.turn_links_max_bytes) == (
+        state["turnLinks"]["ttl"], state["turnLinks"]["maxBytes"])
+    assert (parse.prefix_watch_ttl, parse.prefix_watch_max_bytes) == (
+        state["prefixWatch"]["ttl"], state["prefixWatch"]["maxBytes"])
+    gateway.validate()
+    parse.validate()
+    if name != "options":  # the chart's NATS runs JetStream with room for every bucket's cap on each node
+        conf = find(docs, "ConfigMap", f"{RELEASE}-nats-config")["data"]["nats.conf"]
+        assert '"jetstream"' in conf
+        caps = sum(state[kind]["maxBytes"] for kind in ("responses", "turnLinks", "prefixWatch"))
+        size = merged["nats"]["config"]["jetstream"]["fileStore"]["pvc"]["size"]
+        assert size.endswith("Gi") and caps < int(size[:-2]) << 30
+
+
+def test_state_in_memory_gives_gateway_and_parse_no_nats() -> None:
+    docs = manifests(render({"state": {"store": "memory"}, "gateway": {"service": {"sessionAffinity": "ClientIP"}}}))
+    for part in ("gateway", "parse"):
+        _w, container, _settings = component(docs, part)
+        assert "--nats-url" not in container["args"] and "HARNESSMESH_NATS_TOKEN" not in pod_env(_w, container)
+    _gw, _gc, gateway = component(docs, "gateway")
+    _pw, _pc, parse = component(docs, "parse")
+    assert (gateway.responses_store, gateway.turn_links_store, parse.prefix_watch_store) == ("memory",) * 3
+    assert find(docs, "Service", fullname("gateway"))["spec"]["sessionAffinity"] == "ClientIP"
+    _g, _c, explicit = component(manifests(render({"state": {"bucketReplicas": 2}})), "gateway")
+    assert explicit.responses_store_replicas == explicit.turn_links_replicas == 2
+    with pytest.raises(Exception, match=r"state\.store must be jetstream or memory"):
+        render({"state": {"store": "redis"}})
 
 
 # --- default (CPU) and GPU values ---------------------------------------------------------------------------------

@@ -74,8 +74,9 @@ class Mesh:
 
         parse_port = free_port()
         parse_addr = f"127.0.0.1:{parse_port}"
+        state_nats = {"nats_url": nats_url, "nats_token": nats_token}  # the jetstream state stores (docs/state.md)
         parse = await self.supervisor.spawn("parse", PARSE, self._settings(PARSE.settings_class(), {
-            "nats_url": nats_url, "host": "127.0.0.1", "port": parse_port,
+            **state_nats, "host": "127.0.0.1", "port": parse_port,
             "router_address": backend.router.grpc_address, **self._metrics_port("parse")}), parse_addr)
         await self.supervisor.wait_healthy([parse], deadline)
 
@@ -84,7 +85,7 @@ class Mesh:
         host = self.values.get("host") or "127.0.0.1"
         gateway = await self.supervisor.spawn("gateway", GATEWAY, self._settings(GATEWAY.settings_class(), {
             "http_port": http_port, "grpc_port": grpc_port, "parse_address": parse_addr, "host": host,
-            "max_concurrent_requests": self._max_concurrent(),
+            "max_concurrent_requests": self._max_concurrent(), **state_nats,
         }), f"127.0.0.1:{grpc_port}")
         await self.supervisor.wait_healthy([gateway], deadline)
         await self._wait_http_ready(http_port, deadline)

@@ -53,6 +53,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* Copies of each state bucket in JetStream: state.bucketReplicas, else the chart's NATS cluster size (at most
+     5, JetStream's limit), else 1 (one NATS node, or externalNats). */}}
+{{- define "harnessmesh.bucketReplicas" -}}
+{{- if gt (int .Values.state.bucketReplicas) 0 -}}
+{{- .Values.state.bucketReplicas -}}
+{{- else if and .Values.nats.enabled .Values.nats.config.cluster.enabled -}}
+{{- min (int .Values.nats.config.cluster.replicas) 5 -}}
+{{- else -}}
+1
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the state stores live in JetStream (state.store: jetstream | memory; anything else fails the render). */}}
+{{- define "harnessmesh.sharedState" -}}
+{{- if not (has .Values.state.store (list "jetstream" "memory")) -}}
+{{- fail (printf "state.store must be jetstream or memory, not %q" .Values.state.store) -}}
+{{- end -}}
+{{- if eq .Values.state.store "jetstream" -}}true{{- end -}}
+{{- end -}}
+
 {{/* host:port of every router replica (StatefulSet pods behind the headless Service), comma-separated:
      parse prefers the first and takes the next while it is unavailable (--router-address a,b). */}}
 {{- define "harnessmesh.routerAddresses" -}}
