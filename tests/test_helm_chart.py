@@ -480,6 +480,8 @@ def test_state_is_in_jetstream_by_default_with_a_copy_per_nats_node(variant: Any
     # every copy of a bucket on its own NATS node: the chart's 3-node cluster, one external server
     replicas = merged["nats"]["config"]["cluster"]["replicas"] if name != "options" else 1
     assert gateway.responses_store_replicas == gateway.turn_links_replicas == parse.prefix_watch_replicas == replicas
+    _ww, _wc, worker = component(docs, "worker")  # the worker registry bucket, read by every starting router
+    assert (worker.registry_store, worker.registry_replicas) == ("jetstream", replicas)
     assert (gateway.responses_store_ttl, gateway.responses_store_max_bytes) == (
         state["responses"]["ttl"], state["responses"]["maxBytes"])
     assert (gateway.turn_links_ttl, gateway.turn_links_max_bytes) == (
