@@ -28,7 +28,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, takewhile
+from itertools import compress, islice, repeat, takewhile
+from operator import eq
 
 from services.router.index import ClearedEvent, KvEvent
 
@@ -113,8 +114,7 @@ class PendingPrefixes:
             if isinstance(event, ClearedEvent):
                 state.predicted.clear()
                 return
-            for block in event.block_hashes:
-                state.predicted.pop(block, None)
+            deque(map(state.predicted.pop, event.block_hashes, repeat(None)), maxlen=0)  # C-speed
 
     def remove_worker(self, worker_id: str) -> None:
         """The worker left: its entries end with it (their holders may still call ``prefill_done``/``drop``)."""
@@ -161,12 +161,21 @@ def _run(contains: Callable[[int], bool], block_hashes: Sequence[int], start: in
     return len(list(takewhile(contains, islice(block_hashes, start, None))))
 
 
-def _count(counts: dict[int, int], blocks: Iterable[int]) -> None:
+def _count(counts: dict[int, int], blocks: Sequence[int]) -> None:
+    if counts.keys().isdisjoint(blocks):  # the usual case, in C: none counted yet (a prompt's blocks are distinct)
+        counts.update(dict.fromkeys(blocks, 1))
+        return
     for block in blocks:
         counts[block] = counts.get(block, 0) + 1
 
 
-def _uncount(counts: dict[int, int], blocks: Iterable[int]) -> None:
+def _uncount(counts: dict[int, int], blocks: Sequence[int]) -> None:
+    held = list(map(counts.get, blocks))
+    ones = held.count(1)
+    if ones + held.count(None) == len(held):  # the usual case, in C: each counted once (by this entry) or gone
+        if ones:
+            deque(map(counts.__delitem__, compress(blocks, map(eq, held, repeat(1)))), maxlen=0)
+        return
     for block in blocks:
         n = counts.get(block)
         if n is None:
