@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -11,6 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from gateway.apis.grpc_edge.access import AccessLine
 from gateway.apis.grpc_edge.errors import abort, error_batch, redact
 from gateway.auth import ApiKeys
 from gateway.identity import resolve_identity
@@ -47,6 +49,7 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
             return
         sent = False
         request_id = request.request_id or uuid.uuid4().hex
+        access = AccessLine(request_id)
         try:
             if not request.messages:
                 raise errors.InvalidRequestError("messages must not be empty", param="messages")
@@ -56,15 +59,23 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
             forward.request_id = request_id
             forward.model = info.served_model_name
             forward.identity.CopyFrom(resolve_identity(_metadata(context), request.identity))
+            access.identity = forward.identity
             async with contextlib.aclosing(self._parse.chat(forward)) as stream:
                 async for batch in stream:
                     sent = True
+                    access.observe(batch)
                     yield redact(batch, request_id)
+        except (asyncio.CancelledError, GeneratorExit):
+            access.cancelled()
+            raise
         except Exception as exc:
+            access.failed(exc)
             if not sent:
                 await abort(context, exc, request_id)
                 return
             yield error_batch(exc, request_id)
+        finally:
+            access.write()
 
     async def GetModel(
         self, request: chat_pb2.ModelInfoRequest | Undecodable, context: Any

@@ -6,11 +6,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.server import Gateway
 from services.api import chat_pb2, chat_pb2_grpc, common_pb2
 from services.common import errors
-from tests.gateway.fake_parse import FakeParse, batch, error, finish, started, text
+from tests.gateway.fake_parse import FakeParse, batch, error, finish, started, text, usage
 
 USER = chat_pb2.Message(role="user", parts=[chat_pb2.Part(text="hi")])
 
@@ -70,3 +71,21 @@ async def test_in_band_errors_pass_through(stub: chat_pb2_grpc.AgentServiceAsync
 async def test_get_model(stub: chat_pb2_grpc.AgentServiceAsyncStub) -> None:
     info = await stub.GetModel(chat_pb2.ModelInfoRequest())
     assert (info.served_model_name, info.max_model_len) == ("demo", 4096)
+
+
+async def test_one_access_line_per_chat_call(stub: chat_pb2_grpc.AgentServiceAsyncStub, fake: FakeParse) -> None:
+    fake.script = [batch(started(), text("secret answer")), batch(finish(), usage(900, 5, 512))]
+    identity = common_pb2.Identity(session_id="S", trajectory_id="T")
+    with capture_logs() as logs:
+        [_ async for _ in stub.Chat(chat_pb2.ChatRequest(request_id="g1", model="demo", messages=[USER],
+                                                         identity=identity))]
+        with pytest.raises(grpc.aio.AioRpcError):
+            [_ async for _ in stub.Chat(chat_pb2.ChatRequest(request_id="g2", model="demo"))]
+    lines = [e for e in logs if e["event"] == "gateway.access"]
+    assert [(e["method"], e["path"], e["status"], e["request_id"]) for e in lines] == [
+        ("grpc", "/harnessmesh.v1.AgentService/Chat", "OK", "g1"),
+        ("grpc", "/harnessmesh.v1.AgentService/Chat", "INVALID_ARGUMENT", "g2")]
+    ok = lines[0]
+    assert (ok["session_id"], ok["trajectory_id"]) == ("S", "T")
+    assert (ok["prompt_tokens"], ok["completion_tokens"], ok["cached_tokens"]) == (900, 5, 512)
+    assert ok["duration_ms"] > 0 and "secret answer" not in repr(lines)
