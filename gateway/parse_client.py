@@ -1,12 +1,16 @@
-"""The gateway's one client of the parse service: typed errors, cancellation, a cached model info."""
+"""The gateway's one client of the parse service: typed errors, cancellation, a cached model info, and a
+chat stream resumed on another parse replica when the one serving it goes away mid-stream."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncGenerator, Mapping
 
 import grpc
+import structlog
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from gateway.admission import Admission
@@ -16,6 +20,60 @@ from services.common import errors
 from services.common.mux import MuxChannel, method_name
 
 CHAT = method_name("Parse", "Chat")
+RESUME_LIMIT = 3  # resumes of one chat stream (as the router's --migration-limit for a worker's)
+RESUME_BACKOFF = 0.05  # seconds before the first resume, doubled for each next one
+
+log = structlog.get_logger()
+
+
+class Delivered:
+    """What one chat's parse stream delivered so far: enough to continue it on another parse replica.
+
+    Each batch carries the generated token ids its events came from (``token_ids_u32``, and their router
+    frames' sizes); kept here with the tool call ids started and the ``Started`` prompt counts, they become
+    the ``Continuation`` of the same chat sent again (see ``services/parse/continuation.py``). Only a stream
+    that has begun (its ``Started`` came) and has not ended (no ``Finish`` or error) can resume.
+    """
+
+    def __init__(self) -> None:
+        self._ids = bytearray()
+        self._frames: list[int] = []
+        self._call_ids: list[str] = []
+        self._started: chat_pb2.Started | None = None
+        self.ended = False
+        self.resumes = 0
+
+    @property
+    def resumable(self) -> bool:
+        return self._started is not None and not self.ended
+
+    def observe(self, batch: chat_pb2.ChatEventBatch) -> None:
+        ids = batch.token_ids_u32
+        if ids:
+            self._ids += ids
+            self._frames.extend(batch.frame_sizes or (len(ids) // 4,))
+            batch.ClearField("token_ids_u32")  # for the parse hop only: the APIs (the gRPC edge) never see it
+            batch.ClearField("frame_sizes")
+        for event in batch.events:
+            kind = event.WhichOneof("event")
+            if kind == "tool_call_start":
+                self._call_ids.append(event.tool_call_start.id)
+            elif kind == "started":
+                self._started = event.started
+            elif kind in ("finish", "error"):
+                self.ended = True
+
+    def continuation(self, request: chat_pb2.ChatRequest) -> chat_pb2.ChatRequest:
+        """``request`` again, to go on where the stream so far ended (counts one more resume)."""
+        assert self._started is not None
+        self.resumes += 1
+        out = chat_pb2.ChatRequest()
+        out.CopyFrom(request)
+        out.continuation.CopyFrom(chat_pb2.Continuation(
+            token_ids_u32=bytes(self._ids), frame_sizes=self._frames, tool_call_ids=self._call_ids,
+            prompt_tokens=self._started.prompt_tokens, cached_tokens=self._started.cached_tokens,
+            resumes=self.resumes))
+        return out
 
 
 class ParseClient:
@@ -24,6 +82,11 @@ class ParseClient:
     ``chat`` is an async generator: close it (``contextlib.aclosing``) and the gRPC call is
     cancelled, so a client that goes away cancels the request all the way to the worker. With a
     ``turns`` tracker every chat is observed as an agent turn (spans, metrics, trace records).
+
+    A stream whose parse replica goes away after its first batch (UNAVAILABLE: the process died, the mux
+    session was lost) is opened again with what it delivered (:class:`Delivered`), at most
+    ``resume_limit`` times; the channel's next connection lands on another replica (a target listing
+    several, ``ipv4:a,b``, or a Service). The caller sees one stream: every event once, one ``Started``.
     """
 
     def __init__(
@@ -38,8 +101,10 @@ class ParseClient:
         turns: TurnTracker | None = None,
         streams: MuxChannel | None = None,
         admission: Admission | None = None,
+        resume_limit: int = RESUME_LIMIT,
     ) -> None:
         self.admission = admission or Admission()
+        self._resume_limit = resume_limit
         self._stub = parse_pb2_grpc.ParseStub(channel)
         # Chat streams on the parse service's mux session when given (the mesh), else one call each.
         self._chat = (streams.unary_stream(CHAT, chat_pb2.ChatEventBatch.FromString) if streams is not None
@@ -61,19 +126,34 @@ class ParseClient:
                 yield batch
 
     async def _chat_stream(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
+        if not request.request_id or request.HasField("continuation"):
+            request = _own(request)  # a resumed stream must keep its id; a continuation is ours alone to set
         turn = self.turns.begin(request) if self.turns is not None else None
         with turn.attached() if turn is not None else contextlib.nullcontext():
             call = self._chat(request, timeout=self._timeout)
+        delivered = Delivered()
         outcome = "cancelled"
         try:
             if turn is not None:
                 await turn.loaded()  # shared turn links: the read begun with the turn, overlapped with the call
             while True:
-                batch = await call.read()
+                try:
+                    batch = await call.read()
+                except grpc.aio.AioRpcError as exc:
+                    if not self._resumable(exc, delivered):
+                        raise
+                    await asyncio.sleep(RESUME_BACKOFF * 2 ** delivered.resumes)
+                    log.warning("gateway.parse_stream_resumed", request_id=request.request_id,
+                                error=f"{exc.code().name} {exc.details()}", resumes=delivered.resumes + 1)
+                    call.cancel()
+                    with turn.attached() if turn is not None else contextlib.nullcontext():
+                        call = self._chat(delivered.continuation(request), timeout=self._timeout)
+                    continue
                 if batch is grpc.aio.EOF:
                     outcome = "ok"
                     return
                 assert isinstance(batch, chat_pb2.ChatEventBatch)
+                delivered.observe(batch)
                 if turn is not None:
                     turn.observe(batch)
                     if turn.fold.finished:
@@ -86,6 +166,10 @@ class ParseClient:
             call.cancel()
             if turn is not None:
                 turn.end(outcome)
+
+    def _resumable(self, exc: grpc.aio.AioRpcError, delivered: Delivered) -> bool:
+        return (exc.code() == grpc.StatusCode.UNAVAILABLE and delivered.resumable
+                and delivered.resumes < self._resume_limit)
 
     async def get_model(self, *, fresh: bool = False) -> chat_pb2.ModelInfo:
         """The parse service's model info, cached for a few seconds."""
@@ -147,3 +231,11 @@ class ParseClient:
         except grpc.aio.AioRpcError as exc:
             raise errors.from_rpc_error(exc) from exc
         return str(detok.text)
+
+
+def _own(request: chat_pb2.ChatRequest) -> chat_pb2.ChatRequest:
+    out = chat_pb2.ChatRequest()
+    out.CopyFrom(request)
+    out.request_id = out.request_id or "chat-" + uuid.uuid4().hex
+    out.ClearField("continuation")
+    return out

@@ -182,6 +182,7 @@ class ChatRequest(_message.Message):
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _builtins.int
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _builtins.int
     STRIP_BILLING_HEADER_FIELD_NUMBER: _builtins.int
+    CONTINUATION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """empty: the server assigns one"""
     model: _builtins.str
@@ -206,6 +207,10 @@ class ChatRequest(_message.Message):
     def identity(self) -> _common_pb2.Identity: ...
     @_builtins.property
     def hints(self) -> _common_pb2.AgentHints: ...
+    @_builtins.property
+    def continuation(self) -> Global___Continuation:
+        """Set by a gateway resuming a stream whose parse replica went away after its first batch: go on from there."""
+
     def __init__(
         self,
         *,
@@ -221,10 +226,11 @@ class ChatRequest(_message.Message):
         add_generation_prompt: _builtins.bool | None = ...,
         continue_final_message: _builtins.bool = ...,
         strip_billing_header: _builtins.bool | None = ...,
+        continuation: Global___Continuation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "hints", b"hints", "identity", b"identity", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "continuation", b"continuation", "hints", b"hints", "identity", b"identity", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "chat_template_kwargs_json", b"chat_template_kwargs_json", "continue_final_message", b"continue_final_message", "hints", b"hints", "identity", b"identity", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "chat_template_kwargs_json", b"chat_template_kwargs_json", "continuation", b"continuation", "continue_final_message", b"continue_final_message", "hints", b"hints", "identity", b"identity", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__add_generation_prompt: _TypeAlias = _typing.Literal["add_generation_prompt"]  # noqa: Y015
     _WhichOneofArgType__add_generation_prompt: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt"]  # noqa: Y015
@@ -236,6 +242,56 @@ class ChatRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__strip_billing_header) -> _WhichOneofReturnType__strip_billing_header | None: ...
 
 Global___ChatRequest: _TypeAlias = ChatRequest  # noqa: Y015
+
+@_typing.final
+class Continuation(_message.Message):
+    """What the first stream of a resumed chat delivered (see ChatEventBatch.token_ids_u32). The parse service
+    renders the prompt as usual, asks the router for the rest (prompt plus these ids, as a router migration
+    does), replays the ids silently through a fresh output pipeline, and streams only what comes after.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_U32_FIELD_NUMBER: _builtins.int
+    FRAME_SIZES_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    RESUMES_FIELD_NUMBER: _builtins.int
+    token_ids_u32: _builtins.bytes
+    """every generated token id delivered so far, packed little-endian u32"""
+    prompt_tokens: _builtins.int
+    """the first stream's Started: the final usage counts the prompt as it did"""
+    cached_tokens: _builtins.int
+    resumes: _builtins.int
+    """How many times the chat was resumed, this time included: the router request's id gets it as a suffix, so
+    it never meets the first stream's request still being cancelled on a worker.
+    """
+    @_builtins.property
+    def frame_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """how those ids came, router frame by router frame (the sum is their count)"""
+
+    @_builtins.property
+    def tool_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the ids of the tool calls started so far, in order (kept, not made anew)"""
+
+    def __init__(
+        self,
+        *,
+        token_ids_u32: _builtins.bytes = ...,
+        frame_sizes: _abc.Iterable[_builtins.int] | None = ...,
+        tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        resumes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "frame_sizes", b"frame_sizes", "prompt_tokens", b"prompt_tokens", "resumes", b"resumes", "token_ids_u32", b"token_ids_u32", "tool_call_ids", b"tool_call_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Continuation: _TypeAlias = Continuation  # noqa: Y015
 
 @_typing.final
 class ReasoningDelta(_message.Message):
@@ -468,16 +524,28 @@ class ChatEventBatch(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENTS_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_U32_FIELD_NUMBER: _builtins.int
+    FRAME_SIZES_FIELD_NUMBER: _builtins.int
+    token_ids_u32: _builtins.bytes
+    """The generated token ids these events were parsed from (with those of earlier router frames that made
+    no event), packed little-endian u32: what a gateway sends back in a Continuation. Parse -> gateway only.
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatEvent]: ...
+    @_builtins.property
+    def frame_sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """those ids' router frame sizes when they came in several (empty: one)"""
+
     def __init__(
         self,
         *,
         events: _abc.Iterable[Global___ChatEvent] | None = ...,
+        token_ids_u32: _builtins.bytes = ...,
+        frame_sizes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "frame_sizes", b"frame_sizes", "token_ids_u32", b"token_ids_u32"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

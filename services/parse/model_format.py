@@ -12,7 +12,7 @@ import xxhash
 from services.common.errors import ContextLengthError
 from services.common.model_dir import ModelDir
 from services.parse.conversation import Conversation, match_text, to_template_input
-from services.parse.parsers.pipeline import IncrementalDetokenizer, MarkerIds, OutputPipeline
+from services.parse.parsers.pipeline import IncrementalDetokenizer, MarkerIds, OutputPipeline, carried_call_ids
 from services.parse.parsers.registry import (
     REASONING_MARKERS,
     TOOL_MARKERS,
@@ -148,10 +148,13 @@ class ModelFormat:
         return min(max_tokens, room) if max_tokens > 0 else 0
 
     def output_pipeline(
-        self, prompt_text: str, schemas: Mapping[str, Mapping[str, Any]] | None = None
+        self, prompt_text: str, schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        call_ids: Sequence[str] = (),
     ) -> OutputPipeline:
-        """A fresh pipeline for one stream (the prompt decides whether it starts inside reasoning)."""
-        ctx = ParserContext(prompt_text, self._new_call_id, schemas or {}, self.markers.marker)
+        """A fresh pipeline for one stream (the prompt decides whether it starts inside reasoning); its first
+        tool calls get ``call_ids`` (a resumed stream's calls already sent), later ones new ids."""
+        new_id = carried_call_ids(call_ids, self._new_call_id) if call_ids else self._new_call_id
+        ctx = ParserContext(prompt_text, new_id, schemas or {}, self.markers.marker)
         return OutputPipeline(
             IncrementalDetokenizer(self.model_dir.tokenizer, self.stop_token_ids, self.markers),
             self._reasoning(ctx) if self._reasoning else None,

@@ -98,8 +98,11 @@ class PrefixWatch:
         self._on_break = on_break
         self.breaks: list[PrefixBreak] = []  # the latest reports (bounded), for tests and debugging
 
-    def begin(self, session: str, prompt: Sequence[int]) -> Turn | None:
-        """Check ``prompt`` against the session's histories and report a break; None without a session."""
+    def begin(self, session: str, prompt: Sequence[int], *, report: bool = True) -> Turn | None:
+        """Check ``prompt`` against the session's histories and report a break; None without a session.
+
+        ``report=False``: the turn is a stream resumed on this replica, whose break (if any) the first one
+        reported already."""
         if not session:
             return None
         tokens = prompt if isinstance(prompt, array) and prompt.typecode == "I" else array("I", prompt)
@@ -112,7 +115,8 @@ class PrefixWatch:
             if shared > best_shared:
                 best, best_shared = i, shared
         if best >= 0 and best_shared >= self._min_shared:
-            self._report(session, histories[best], tokens, best_shared)
+            if report:
+                self._report(session, histories[best], tokens, best_shared)
             return Turn(self, session, tokens, histories[best])
         return Turn(self, session, tokens, None)
 

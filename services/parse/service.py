@@ -13,12 +13,13 @@ import structlog
 from opentelemetry import trace
 
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2
-from services.common import errors
+from services.common import errors, token_bytes
 from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
 from services.parse import convert
+from services.parse.continuation import Continued, FinishedStream
 from services.parse.limits import RequestLimits
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
@@ -96,6 +97,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         shared = self._prefix_state.shared
         pulled = asyncio.ensure_future(self._prefix_state.pull(self._prefix_watch, session)) if shared else None
         try:
+            continued = Continued.from_proto(request.continuation) if request.HasField("continuation") else None
             prompt, max_tokens = await self._prompt(request, attrs)
         except MeshError as err:
             if pulled is not None:
@@ -106,7 +108,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         model = self._format.served_model_name
         generate = router_request(request, prompt, max_tokens, request_id=request_id, model=model,
                                   stop_token_ids=self._format.stop_token_ids)
-        pipeline = self._format.output_pipeline(prompt.text, prompt.schemas)
+        pipeline = self._format.output_pipeline(prompt.text, prompt.schemas,
+                                                continued.call_ids if continued is not None else ())
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
             tracker = _SpanEvents(span, self.metrics)
             spec_turn = TurnRecorder() if request.hints.speculative_prefill else None  # speculative prefill
@@ -114,10 +117,28 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             spec_worker = ""
             if pulled is not None:
                 await pulled
-            watched = self._prefix_watch.begin(session, prompt.token_ids)  # prefix-break report
-            call = ResumingRouterStream(self._router, generate, key=prompt_key(session, generate.token_ids_u32),
-                                        retry=self._router.retry_unavailable)
+            watched = self._prefix_watch.begin(session, prompt.token_ids,  # prefix-break report
+                                               report=continued is None)
+            call: ResumingRouterStream | FinishedStream
+            if continued is None:
+                call = ResumingRouterStream(self._router, generate, key=prompt_key(session, generate.token_ids_u32),
+                                            retry=self._router.retry_unavailable)
+            else:  # the rest of a stream a replica that went away began: replay what it sent, silently
+                span.set_attribute("parse.continued_tokens", len(continued.token_ids))
+                for frame_ids, replayed in zip(continued.frames, pipeline.replay(continued.frames), strict=True):
+                    if watched is not None:
+                        watched.extend(frame_ids)
+                    reasoning_tokens.feed(len(frame_ids), replayed)
+                    if spec_turn is not None:
+                        spec_turn.observe(replayed)
+                rest = continued.router_request(generate)
+                call = (continued.finished_stream() if rest is None else ResumingRouterStream(
+                    self._router, rest, key=prompt_key(session, rest.token_ids_u32),
+                    retry=self._router.retry_unavailable))
             sent = finished = False
+            announced = continued is not None  # a resumed stream's Started went out with its first part
+            unsent_ids: list[int] = []  # token ids of router frames whose events are not sent yet, and their sizes
+            unsent_frames: list[int] = []
             error: MeshError | None = None
             try:
                 async for frame in call:  # read to the end: the client span ends at the stream's EOF
@@ -127,7 +148,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                         error = errors.from_proto(frame.error)
                         break
                     batch = chat_pb2.ChatEventBatch()
-                    if not sent:
+                    if not announced:
+                        announced = True
                         info = frame.prompt if frame.HasField("prompt") else worker_pb2.PromptInfo(
                             prompt_tokens=len(prompt.token_ids))
                         batch.events.append(convert.started_event(request_id, model, info))
@@ -142,11 +164,21 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                         spec_turn.observe(events)
                         spec_worker = spec_worker or (frame.prompt.worker_id if frame.HasField("prompt") else "")
                     batch.events.extend(convert.event_to_proto(e) for e in events)
+                    if frame.token_ids:
+                        unsent_ids.extend(frame.token_ids)
+                        unsent_frames.append(len(frame.token_ids))
                     if frame.finish_reason:
+                        if continued is not None:
+                            continued.whole_usage(frame.usage)
                         batch.events.extend(convert.finish_events(frame, tool_calls=pipeline.tool_calls,
                                                                   reasoning_tokens=reasoning_tokens.total))
                         finished = True
                     if batch.events:
+                        if unsent_ids:  # what a gateway sends back to resume this stream elsewhere
+                            batch.token_ids_u32 = token_bytes.pack(unsent_ids)
+                            if len(unsent_frames) > 1:
+                                batch.frame_sizes.extend(unsent_frames)
+                            unsent_ids, unsent_frames = [], []
                         yield batch
                         sent = True
             except grpc.aio.AioRpcError as exc:

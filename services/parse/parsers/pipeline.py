@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -92,6 +92,12 @@ class IncrementalDetokenizer:
         return "".join(pieces)
 
 
+def carried_call_ids(ids: Iterable[str], then: Callable[[], str]) -> Callable[[], str]:
+    """A ``new_call_id`` that hands out ``ids`` first (the calls a resumed stream already sent), then ``then()``."""
+    pending = iter(tuple(ids))
+    return lambda: next(pending, None) or then()
+
+
 class OutputPipeline:
     """One per stream: ``feed`` each batch of token ids, ``finish`` once; returns merged events.
 
@@ -117,6 +123,14 @@ class OutputPipeline:
             return []
         first: list[Event] = self._reasoning.feed(text, token_ids) if self._reasoning else [TextDelta(text)]
         return self._route(first, final=False)
+
+    def replay(self, frames: Iterable[Sequence[int]]) -> Iterator[list[Event]]:
+        """Feed ``frames`` (token ids, frame by frame as they first came) and yield each one's events, for the
+        caller to account and drop: a stream resumed elsewhere rebuilds the state (detokenizer, reasoning and
+        tool parsers, call ids, ``tool_calls``) its first pipeline had after the same frames, deterministically,
+        and emits only what comes after. Same frames as the first stream, so the same events and state."""
+        for frame in frames:
+            yield self.feed(frame)
 
     def finish(self) -> list[Event]:
         first = self._reasoning.finish() if self._reasoning else []
