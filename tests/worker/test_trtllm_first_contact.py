@@ -7,6 +7,7 @@ TensorRT-LLM does; each would fail with the adapter as it was before the issue.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -294,3 +295,23 @@ def test_the_image_is_pinned_and_checks_tensorrt_llm_still_imports() -> None:
     install = steps.index("pip install")
     assert steps.index("pip check") > install
     assert steps.index("import tensorrt_llm") > install
+
+
+def test_a_removed_multimodal_block_no_longer_shadows_its_hash() -> None:
+    """Item 8: a removed multimodal block is forgotten: a later text block under the same engine hash (and its
+    child) is published, and the skipped set does not grow without bound."""
+    n = KvEventNormaliser(4)
+    assert n.feed(_mm_event(0, None, 101, [1, "ab" * 32, 3, 4])) == []
+    assert n.feed({"event_id": 1, "data": {"type": "removed", "block_hashes": [101]}}) == []
+    assert len(n.feed(_mm_event(2, None, 101, [1, 2, 3, 4]))) == 1  # the engine reuses the id for a text block
+    assert len(n.feed(_mm_event(3, 101, 102, [5, 6, 7, 8]))) == 1  # and its child is published
+    assert n.skipped == {"multimodal": 1}
+
+
+def test_a_model_without_an_eos_id_refuses_to_start(model: ModelDir) -> None:
+    """Item 5: TensorRT-LLM has no tokenizer to find ``end_id`` in, so a model directory naming no EOS id is
+    refused at start, not by every request."""
+    no_eos = dataclasses.replace(model, eos_token_ids=())
+    with pytest.raises(UnavailableError, match="names no EOS token id"):
+        load_llm(no_eos, OPTIONS, BatchingConfig(block_size=BS, num_blocks=64),
+                 fake_module(FillerVocabulary(model.tokenizer).words))
