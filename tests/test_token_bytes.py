@@ -49,3 +49,14 @@ def test_prefix_hash_cache_hashes_packed_ids_like_a_list(block_size: int) -> Non
         assert cache.hashes(token_bytes.pack(ids), "salt") == sequence_hashes(ids, block_size, "salt")
         assert cache.hashes(ids, "salt") == sequence_hashes(ids, block_size, "salt")
     assert cache.reused_blocks > 0
+
+
+def test_ranges_pack_as_their_ids() -> None:
+    """``le32`` packs a range (the replay's trace blocks) without an int per id: the same bytes as ``array``."""
+    from array import array
+
+    from services.common.token_bytes import le32
+
+    for ids in (range(0, 1), range(5, 517), range(123 * 512, 124 * 512), range(2**32 - 600, 2**32), range(9, 9),
+                range(0, 100, 3), range(7, 7 + 64)):
+        assert le32(ids) == array("I", ids).tobytes(), ids

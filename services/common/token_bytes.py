@@ -7,6 +7,7 @@ hop; the router hashes blocks from the bytes without making Python ints at all. 
 
 from __future__ import annotations
 
+import functools
 import sys
 from array import array
 from collections.abc import Sequence
@@ -28,12 +29,28 @@ def le32(token_ids: Sequence[int]) -> bytes:
     """:func:`pack` for callers with their own error: raises ``OverflowError`` / ``TypeError`` as ``array`` does."""
     if isinstance(token_ids, array) and token_ids.typecode == "I" and token_ids.itemsize == 4 and not _SWAP:
         return token_ids.tobytes()  # ids unpacked by :func:`unpack_array`: a copy of their buffer
+    if isinstance(token_ids, range) and token_ids.step == 1 and 0 <= token_ids.start < token_ids.stop <= 1 << 32:
+        return _consecutive(token_ids.start, len(token_ids))  # trace blocks (replay): no int per id
     data = array("I", token_ids)  # one C call, not one struct.pack per id
     if data.itemsize != 4:  # pragma: no cover - no platform we run on has a 2- or 8-byte C unsigned int
         return b"".join(int(t).to_bytes(4, "little", signed=False) for t in token_ids)
     if _SWAP:  # pragma: no cover - big-endian hosts
         data.byteswap()
     return data.tobytes()
+
+
+def _consecutive(start: int, n: int) -> bytes:
+    """``start, start + 1, ... start + n - 1`` as little-endian u32: one big-int multiply-add, since lane ``i`` of
+    ``start * ones + steps`` is ``start + i`` (no carry: every lane is below 2**32)."""
+    ones, steps = _lanes(n)
+    return (start * ones + steps).to_bytes(4 * n, "little")
+
+
+@functools.lru_cache(maxsize=64)
+def _lanes(n: int) -> tuple[int, int]:
+    """(1 in each of ``n`` u32 lanes, i in lane i) as little-endian integers."""
+    return (int.from_bytes(b"\x01\x00\x00\x00" * n, "little"),
+            int.from_bytes(b"".join(i.to_bytes(4, "little") for i in range(n)), "little"))
 
 
 def unpack(data: bytes) -> list[int]:
