@@ -227,7 +227,7 @@ class BlockManager:
         inactive = self._inactive
         moved = list(filter(inactive.__contains__, reversed(seq.known[:matched])))
         deque(map(inactive.pop, moved), maxlen=0)  # each to the end, in this order
-        inactive.update(dict.fromkeys(moved))
+        inactive.update(zip(moved, repeat(None)))
         self._lru_epoch += 1
         if last is not None and last.seq is seq and last.matched == matched:
             last.epoch, last.touched = self._lru_epoch, True
@@ -285,7 +285,7 @@ class BlockManager:
         blocks = list(map(full.__getitem__, order))
         if list(map(_REF_COUNT, blocks)).count(1) == len(blocks):  # the usual case: it was the only holder
             deque(map(setattr, blocks, repeat("ref_count"), repeat(0)), maxlen=0)
-            inactive.update(dict.fromkeys(order))  # a sequence's hashes are distinct, none is in the list
+            inactive.update(zip(order, repeat(None)))  # a sequence's hashes are distinct, none is in the list
         else:
             for h, block in zip(order, blocks, strict=True):
                 block.ref_count -= 1
