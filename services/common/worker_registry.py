@@ -23,10 +23,25 @@ import structlog
 from nats.js.errors import NotFoundError
 
 from services.common.jetstream import BucketConfig, bucket_name, kv_key, open_bucket
+from services.common.settings import option
 
 log = structlog.get_logger()
 
 STORES = ("heartbeats", "jetstream")  # --registry-store: heartbeats only, or heartbeats + the bucket
+
+
+def store_option() -> Any:
+    """``--registry-store``, declared once for the worker and the router (a shared option)."""
+    return option(
+        "jetstream", "Where routers learn the fleet: the workers' NATS heartbeats only, or also a JetStream KV bucket "
+        "each worker writes its record to (TTL 3 heartbeat intervals), which a starting router reads before it "
+        "routes; NATS without JetStream: heartbeats only, with a warning (docs/state.md).", shared=True,
+        choices=STORES)
+
+
+def bucket_option() -> Any:
+    """``--registry-bucket``, declared once for the worker and the router (a shared option)."""
+    return option("", "jetstream registry: the KV bucket (empty: harnessmesh_<namespace>_workers).", shared=True)
 KIND = "workers"
 TTL_HEARTBEATS = 3  # a record lives this many heartbeat intervals after it was written
 

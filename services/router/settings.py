@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common import worker_registry as registry
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
-from services.common.worker_registry import STORES as REGISTRY_STORES
 from services.router.pending import DEFAULT_PENDING_TTL
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
@@ -31,13 +31,8 @@ class RouterSettings(CommonSettings):
         "its worker when that worker's KV events have not said so yet (they count from placement on, so "
         "requests sharing a prefix sent together land together; 0: off, only KV events count).")
     worker_timeout: float = option(5.0, "Seconds without a heartbeat after which a worker is forgotten.")
-    registry_store: str = option(
-        "jetstream", "Where routers learn the fleet: the workers' NATS heartbeats only, or also a JetStream KV bucket "
-        "each worker writes its record to (TTL 3 heartbeat intervals), which a starting router reads before it "
-        "routes; NATS without JetStream: heartbeats only, with a warning (docs/state.md).", shared=True,
-        choices=REGISTRY_STORES)
-    registry_bucket: str = option(
-        "", "jetstream registry: the KV bucket (empty: harnessmesh_<namespace>_workers).", shared=True)
+    registry_store: str = registry.store_option()
+    registry_bucket: str = registry.bucket_option()
     max_retries: int = option(2, "Other workers to try when a worker fails before its first token.")
     migration_limit: int = option(
         3, "Times a request moves to another worker after its first token when its worker fails (0: never).")

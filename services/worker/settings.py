@@ -13,9 +13,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from services.common import worker_registry as registry
 from services.common.service_settings import CommonSettings
 from services.common.settings import option
-from services.common.worker_registry import STORES as REGISTRY_STORES
 from services.kvcore.config import BatchingConfig
 from services.kvcore.timing import DynamoTiming, StepTiming, TimingModel
 
@@ -143,13 +143,8 @@ class WorkerSettings(CommonSettings):
         600.0, "trtllm-grpc: seconds the worker waits at start for the server's HealthCheck to answer OK (it loads "
         "the model first).")
     heartbeat_interval: float = option(1.0, "Seconds between heartbeats on NATS.")
-    registry_store: str = option(
-        "jetstream", "Where routers learn the fleet: the workers' NATS heartbeats only, or also a JetStream KV bucket "
-        "each worker writes its record to (TTL 3 heartbeat intervals), which a starting router reads before it "
-        "routes; NATS without JetStream: heartbeats only, with a warning (docs/state.md).", shared=True,
-        choices=REGISTRY_STORES)
-    registry_bucket: str = option(
-        "", "jetstream registry: the KV bucket (empty: harnessmesh_<namespace>_workers).", shared=True)
+    registry_store: str = registry.store_option()
+    registry_bucket: str = registry.bucket_option()
     registry_replicas: int = option(
         1, "jetstream registry: copies of the bucket in a JetStream cluster (3 for a 3-node cluster).")
     drain_grace: float = option(
