@@ -6,53 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
-from typing import Any
 
-import grpc
 import pytest
 
-from services.api import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
-from services.common import mux, token_bytes
-from services.common.errors import PromptBaseUnknownError
-from services.common.grpc_util import GrpcServer
-from services.common.prompt_reuse import PromptStore, ReusingStub, prompt_key
+from services.api import router_pb2, worker_pb2
+from services.common import token_bytes
+from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.launcher.supervisor import free_port
 from services.parse.router_pool import RouterPool, RouterTarget, resolve_host
+from tests.parse.fake_router import Router, serve
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Router(router_pb2_grpc.RouterServicer):
-    """A router holding prompts as the real one does (tails of prefixes it lacks refused), answering its name."""
-
-    def __init__(self, name: int) -> None:
-        self.name = name
-        self.prompts = PromptStore()
-        self.served = 0
-
-    async def Generate(self, request: worker_pb2.GenerateRequest, context: Any,  # type: ignore[override]
-                       ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        try:
-            self.prompts.resolve(request)
-        except PromptBaseUnknownError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        self.served += 1
-        yield worker_pb2.GenerateResponse(token_ids=[self.name])
-        yield worker_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
-
-    async def ListWorkers(self, request: router_pb2.ListWorkersRequest, context: Any,  # type: ignore[override]
-                          ) -> router_pb2.ListWorkersResponse:
-        return router_pb2.ListWorkersResponse(workers=[worker_pb2.WorkerInfo(worker_id=f"w{self.name}")])
-
-
-async def serve(router: Router, host: str, port: int) -> GrpcServer:
-    server = GrpcServer(None, host, port)
-    server.add_mux({mux.method_name("Router", "Generate"): mux.MuxMethod(router.Generate,
-                                                                       worker_pb2.GenerateRequest)})
-    router_pb2_grpc.add_RouterServicer_to_server(router, server.server)
-    await server.start()
-    return server
 
 
 async def run(stub: ReusingStub, prompt: list[int], session: str = "") -> int:
@@ -79,7 +43,7 @@ async def test_a_real_dns_name_resolves() -> None:
 async def test_a_dns_name_of_two_addresses_spreads_streams_and_keeps_sessions_on_one_router() -> None:
     port = free_port()
     routers = {"127.0.0.1": Router(1), "127.0.0.2": Router(2)}  # the same port on two loopback addresses
-    servers = [await serve(router, host, port) for host, router in routers.items()]
+    servers = [await serve(router, port, host) for host, router in routers.items()]
     lookups: list[str] = []
 
     async def resolve(host: str, p: int) -> list[str]:
@@ -118,7 +82,7 @@ async def test_a_dns_name_of_two_addresses_spreads_streams_and_keeps_sessions_on
 async def test_a_session_moves_when_its_router_goes_and_a_new_address_is_picked_up() -> None:
     port = free_port()
     first, second = Router(1), Router(2)
-    servers = {"127.0.0.1": await serve(first, "127.0.0.1", port)}
+    servers = {"127.0.0.1": await serve(first, port, "127.0.0.1")}
     addresses = ["127.0.0.1"]
 
     async def resolve(host: str, p: int) -> list[str]:
@@ -131,7 +95,7 @@ async def test_a_session_moves_when_its_router_goes_and_a_new_address_is_picked_
         prompts = {f"s{i}": list(range(i * 10_000, i * 10_000 + 3000)) for i in range(16)}
         assert {await run(stub, p, s) for s, p in prompts.items()} == {1}
         addresses.append("127.0.0.2")  # a second router joins under the name
-        servers["127.0.0.2"] = await serve(second, "127.0.0.2", port)
+        servers["127.0.0.2"] = await serve(second, port, "127.0.0.2")
         await asyncio.sleep(0.5)
         assert len(pool.replicas.replicas) == 2
         moved = {s for s, p in prompts.items() if await run(stub, [*p, 7], s) == 2}
@@ -149,7 +113,7 @@ async def test_a_session_moves_when_its_router_goes_and_a_new_address_is_picked_
 
 async def test_no_address_yet_is_retried_until_the_name_resolves() -> None:
     port = free_port()
-    server = await serve(Router(1), "127.0.0.1", port)
+    server = await serve(Router(1), port)
     addresses: list[str] = []
 
     async def resolve(host: str, p: int) -> list[str]:

@@ -4,47 +4,19 @@ grpc.aio mux servers on loopback standing in for two routers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import pytest
 
-from services.api import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
+from services.api import router_pb2, router_pb2_grpc, worker_pb2
 from services.common import mux, token_bytes
-from services.common.grpc_util import GrpcServer, open_channel, open_mux_channel
+from services.common.grpc_util import open_channel, open_mux_channel
 from services.common.prompt_reuse import ReusingStub
 from services.launcher.supervisor import free_port
 from services.parse.router_replicas import RouterInfo, RouterReplicas
+from tests.parse.fake_router import Router, serve
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Router(router_pb2_grpc.RouterServicer):
-    """A router that answers every Generate with its name as the one token id, and lists one worker."""
-
-    def __init__(self, name: int) -> None:
-        self.name = name
-        self.served = 0
-
-    async def Generate(self, request: worker_pb2.GenerateRequest, context: Any,  # type: ignore[override]
-                       ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        self.served += 1
-        yield worker_pb2.GenerateResponse(token_ids=[self.name])
-        yield worker_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
-
-    async def ListWorkers(self, request: router_pb2.ListWorkersRequest, context: Any,  # type: ignore[override]
-                          ) -> router_pb2.ListWorkersResponse:
-        return router_pb2.ListWorkersResponse(workers=[worker_pb2.WorkerInfo(worker_id=f"w{self.name}")])
-
-
-async def serve(router: Router, port: int) -> GrpcServer:
-    server = GrpcServer(None, "127.0.0.1", port)
-    server.add_mux({mux.method_name("Router", "Generate"): mux.MuxMethod(router.Generate,
-                                                                       worker_pb2.GenerateRequest)})
-    router_pb2_grpc.add_RouterServicer_to_server(router, server.server)
-    await server.start()
-    return server
 
 
 async def tokens(stub: ReusingStub) -> list[int]:
