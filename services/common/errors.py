@@ -9,18 +9,41 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-import grpc
+if TYPE_CHECKING:  # grpc and the generated protobuf module load on first use: the offline replay needs neither
+    import grpc
 
-from services.api import common_pb2
+    from services.api import common_pb2
+
+
+class _GrpcStatus:
+    """A class's gRPC status, read as ``cls.grpc_status`` or ``error.grpc_status``: ``grpc.StatusCode`` named by
+    the class's ``status_name`` (grpc's import is ~50 ms, which a process that never meets gRPC does not pay)."""
+
+    def __get__(self, obj: object, owner: type[MeshError]) -> grpc.StatusCode:
+        import grpc
+
+        return grpc.StatusCode[owner.status_name]
+
+
+class _ProtoCode:
+    """A class's ``common.ErrorCode`` value, read as ``cls.code`` or ``error.code``, named by its ``code_name``."""
+
+    def __get__(self, obj: object, owner: type[MeshError]) -> int:
+        from services.api import common_pb2
+
+        return int(common_pb2.ErrorCode.Value(owner.code_name))
 
 
 class MeshError(Exception):
     """Base of every error the mesh reports to a client."""
 
-    code: int = common_pb2.ERROR_CODE_INTERNAL
-    grpc_status: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    code_name = "ERROR_CODE_INTERNAL"
+    status_name = "INTERNAL"
+    code = _ProtoCode()
+    grpc_status = _GrpcStatus()
     http_status: int = 500
 
     def __init__(self, message: str, *, param: str = "") -> None:
@@ -32,16 +55,16 @@ class MeshError(Exception):
 class InvalidRequestError(MeshError):
     """The request is malformed or asks for something the model cannot do."""
 
-    code = common_pb2.ERROR_CODE_INVALID_REQUEST
-    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+    code_name = "ERROR_CODE_INVALID_REQUEST"
+    status_name = "INVALID_ARGUMENT"
     http_status = 400
 
 
 class ContextLengthError(InvalidRequestError):
     """The prompt (plus max_tokens) does not fit the model's context."""
 
-    code = common_pb2.ERROR_CODE_CONTEXT_LENGTH
-    grpc_status = grpc.StatusCode.OUT_OF_RANGE
+    code_name = "ERROR_CODE_CONTEXT_LENGTH"
+    status_name = "OUT_OF_RANGE"
     http_status = 400
 
 
@@ -54,16 +77,16 @@ class RequestTooLargeError(InvalidRequestError):
 class NotFoundError(MeshError):
     """An unknown model or resource."""
 
-    code = common_pb2.ERROR_CODE_NOT_FOUND
-    grpc_status = grpc.StatusCode.NOT_FOUND
+    code_name = "ERROR_CODE_NOT_FOUND"
+    status_name = "NOT_FOUND"
     http_status = 404
 
 
 class UnavailableError(MeshError):
     """No worker (or downstream service) can take the request now."""
 
-    code = common_pb2.ERROR_CODE_UNAVAILABLE
-    grpc_status = grpc.StatusCode.UNAVAILABLE
+    code_name = "ERROR_CODE_UNAVAILABLE"
+    status_name = "UNAVAILABLE"
     http_status = 503
 
 
@@ -73,7 +96,7 @@ class OverloadedError(UnavailableError):
     ``retry_after``: seconds the client should wait (each API sends it as ``retry-after``).
     """
 
-    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    status_name = "RESOURCE_EXHAUSTED"
     http_status = 429
 
     def __init__(self, message: str, *, param: str = "", retry_after: float = 1.0) -> None:
@@ -84,16 +107,16 @@ class OverloadedError(UnavailableError):
 class UnauthenticatedError(MeshError):
     """Missing or wrong API key."""
 
-    code = common_pb2.ERROR_CODE_UNAUTHENTICATED
-    grpc_status = grpc.StatusCode.UNAUTHENTICATED
+    code_name = "ERROR_CODE_UNAUTHENTICATED"
+    status_name = "UNAUTHENTICATED"
     http_status = 401
 
 
 class RequestCancelledError(MeshError):
     """The client went away."""
 
-    code = common_pb2.ERROR_CODE_CANCELLED
-    grpc_status = grpc.StatusCode.CANCELLED
+    code_name = "ERROR_CODE_CANCELLED"
+    status_name = "CANCELLED"
     http_status = 499
 
 
@@ -107,25 +130,34 @@ class PromptBaseUnknownError(MeshError):
     Only between hops: the sender answers it by sending the whole prompt, no client sees it.
     """
 
-    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+    status_name = "FAILED_PRECONDITION"
 
 
-_BY_CODE: dict[int, type[MeshError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequestError,
-        ContextLengthError,
-        NotFoundError,
-        UnavailableError,
-        UnauthenticatedError,
-        RequestCancelledError,
-        InternalError,
-    )
-}
-_BY_STATUS: dict[grpc.StatusCode, type[MeshError]] = {cls.grpc_status: cls for cls in _BY_CODE.values()}
-_BY_STATUS[grpc.StatusCode.DEADLINE_EXCEEDED] = UnavailableError
-_BY_STATUS[grpc.StatusCode.FAILED_PRECONDITION] = PromptBaseUnknownError
-_BY_STATUS[grpc.StatusCode.RESOURCE_EXHAUSTED] = OverloadedError
+_MAPPED = (
+    InvalidRequestError,
+    ContextLengthError,
+    NotFoundError,
+    UnavailableError,
+    UnauthenticatedError,
+    RequestCancelledError,
+    InternalError,
+)
+
+
+@cache
+def _by_code() -> dict[int, type[MeshError]]:
+    return {cls.code: cls for cls in _MAPPED}
+
+
+@cache
+def _by_status() -> dict[grpc.StatusCode, type[MeshError]]:
+    import grpc
+
+    by_status: dict[grpc.StatusCode, type[MeshError]] = {cls.grpc_status: cls for cls in _MAPPED}
+    by_status[grpc.StatusCode.DEADLINE_EXCEEDED] = UnavailableError
+    by_status[grpc.StatusCode.FAILED_PRECONDITION] = PromptBaseUnknownError
+    by_status[grpc.StatusCode.RESOURCE_EXHAUSTED] = OverloadedError
+    return by_status
 
 # gRPC trailing-metadata key carrying the offending field, so `param` survives a hop.
 PARAM_METADATA_KEY = "harnessmesh-error-param"
@@ -133,11 +165,13 @@ RETRY_AFTER_METADATA_KEY = "retry-after"  # seconds, on RESOURCE_EXHAUSTED
 
 
 def to_proto(error: MeshError) -> common_pb2.Error:
+    from services.api import common_pb2
+
     return common_pb2.Error(code=error.code, message=error.message, param=error.param)  # type: ignore[arg-type]
 
 
 def from_proto(error: common_pb2.Error) -> MeshError:
-    cls = _BY_CODE.get(error.code, InternalError)
+    cls = _by_code().get(error.code, InternalError)
     return cls(error.message, param=error.param)
 
 
@@ -145,6 +179,8 @@ def as_mesh_error(exc: BaseException) -> MeshError:
     """Any exception as a MeshError (unknown ones become InternalError, keeping the cause)."""
     if isinstance(exc, MeshError):
         return exc
+    import grpc
+
     if isinstance(exc, grpc.aio.AioRpcError):
         return from_rpc_error(exc)
     err = InternalError(f"{type(exc).__name__}: {exc}")
@@ -153,7 +189,9 @@ def as_mesh_error(exc: BaseException) -> MeshError:
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> MeshError:
-    cls = _BY_STATUS.get(exc.code(), InternalError)
+    import grpc
+
+    cls = _by_status().get(exc.code(), InternalError)
     param, retry_after = "", 1.0
     for key, value in exc.trailing_metadata() or ():
         text = value if isinstance(value, str) else value.decode()

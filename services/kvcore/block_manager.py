@@ -26,20 +26,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice, repeat
-from operator import attrgetter
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 
-_REF_COUNT = attrgetter("ref_count")
-_BLOCK_ID = attrgetter("block_id")
-
 
 @dataclass(slots=True)
-class _Block:
+class _Partial:
+    """A sequence's private, not yet full block."""
+
     block_id: int
-    block_hash: int | None = None  # None while partial
-    ref_count: int = 0
 
 
 @dataclass
@@ -71,7 +67,7 @@ class KvSequence:
         self.length = 0                   # tokens whose KV it holds
         self.tail: list[int] = []         # the last ``length - len(hashes) * block_size`` of them
         self.hashes: list[int] = []       # sequence hashes of the full blocks it references
-        self.partial: _Block | None = None
+        self.partial: _Partial | None = None
         self.known: list[int] = known if known is not None else []  # hashes of the stream's full blocks
 
     @property
@@ -90,7 +86,10 @@ class BlockManager:
         self.total_blocks = num_blocks
         self.block_size = block_size
         self._free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
-        self._full: dict[int, _Block] = {}
+        # Full blocks: hash -> block id. Each is either active (a count in ``_refs``: the sequences referencing
+        # it) or inactive (in ``_inactive``), never both; plain ints in dicts, so bulk moves run at C speed.
+        self._full: dict[int, int] = {}
+        self._refs: dict[int, int] = {}
         # The LRU list: a plain dict (insertion order; cheaper per block than an OrderedDict, and a block's
         # whole prefix moves in and out of it at once); first = least recently used, a move = pop + insert.
         self._inactive: dict[int, None] = {}
@@ -124,8 +123,7 @@ class BlockManager:
         return self.free_blocks + self.cached_blocks
 
     def ref_count(self, block_hash: int) -> int:
-        block = self._full.get(block_hash)
-        return 0 if block is None else block.ref_count
+        return self._refs.get(block_hash, 0)
 
     def lru_order(self) -> list[int]:
         """Hashes of inactive blocks, next to be evicted first."""
@@ -162,16 +160,17 @@ class BlockManager:
             idle = False
         # What _ref does block by block, in bulk: every block gains a reference, the unreferenced ones leave
         # the LRU list.
-        blocks = list(map(full.__getitem__, hashes))
+        refs = self._refs
         leaving: list[int] = []
-        if idle or not any(map(_REF_COUNT, blocks)):  # the usual case: nobody else holds the prefix
-            deque(map(setattr, blocks, repeat("ref_count"), repeat(1)), maxlen=0)
+        if idle or refs.keys().isdisjoint(hashes):  # the usual case: nobody else holds the prefix
+            refs.update(zip(hashes, repeat(1)))
             leaving = hashes
         else:
-            for block in blocks:
-                if not block.ref_count:
-                    leaving.append(block.block_hash)  # type: ignore[arg-type]  # full blocks have hashes
-                block.ref_count += 1
+            for h in hashes:
+                n = refs.get(h, 0)
+                if not n:
+                    leaving.append(h)
+                refs[h] = n + 1
         if leaving:
             deque(map(self._inactive.pop, leaving, repeat(None)), maxlen=0)
             if self._watch and not self._watch.isdisjoint(leaving):
@@ -280,17 +279,17 @@ class BlockManager:
 
     def free(self, seq: KvSequence) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order)."""
-        full, inactive = self._full, self._inactive
+        refs, inactive = self._refs, self._inactive
         order = seq.hashes[::-1]  # into the LRU list tail first
-        blocks = list(map(full.__getitem__, order))
-        if list(map(_REF_COUNT, blocks)).count(1) == len(blocks):  # the usual case: it was the only holder
-            deque(map(setattr, blocks, repeat("ref_count"), repeat(0)), maxlen=0)
+        held = list(map(refs.pop, order))
+        if held.count(1) == len(held):  # the usual case: it was the only holder
             inactive.update(zip(order, repeat(None)))  # a sequence's hashes are distinct, none is in the list
         else:
-            for h, block in zip(order, blocks, strict=True):
-                block.ref_count -= 1
-                if not block.ref_count:
+            for h, n in zip(order, held, strict=True):
+                if n == 1:
                     inactive[h] = None
+                else:
+                    refs[h] = n - 1
         if seq.hashes:
             self._lru_epoch += 1
         if seq.partial is not None:
@@ -305,7 +304,7 @@ class BlockManager:
         if self.active_blocks:
             return False
         for h in self._inactive:
-            self._free_ids.append(self._full.pop(h).block_id)
+            self._free_ids.append(self._full.pop(h))
         self._inactive.clear()
         self._lru_epoch += 1
         self._emit(KvCleared(self._event_id()))
@@ -319,12 +318,13 @@ class BlockManager:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _ref(self, block: _Block) -> None:
-        if block.ref_count == 0 and block.block_hash is not None:
-            self._inactive.pop(block.block_hash, None)
-            if block.block_hash in self._watch:
+    def _ref(self, block_hash: int) -> None:
+        n = self._refs.get(block_hash, 0)
+        if not n:
+            del self._inactive[block_hash]
+            if block_hash in self._watch:
                 self._probe = None
-        block.ref_count += 1
+        self._refs[block_hash] = n + 1
 
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
@@ -337,7 +337,7 @@ class BlockManager:
         if victim in self._watch:
             self._probe = None
         removed.append(victim)
-        return self._full.pop(victim).block_id
+        return self._full.pop(victim)
 
     def _take_block_ids(self, count: int, removed: list[int]) -> list[int]:
         """:meth:`_take_block_id` ``count`` times, in bulk: the free list first (last freed first), then the
@@ -356,7 +356,7 @@ class BlockManager:
             if self._watch and not self._watch.isdisjoint(victims):
                 self._probe = None
             removed.extend(victims)
-            ids.extend(map(_BLOCK_ID, map(self._full.pop, victims)))
+            ids.extend(map(self._full.pop, victims))
         return ids
 
     def _fill(self, seq: KvSequence, token_ids: Sequence[int], removed: list[int],
@@ -391,38 +391,35 @@ class BlockManager:
         fresh = len(new) - (0 if old is None else 1)  # blocks taken to be sealed; one more for a new partial block
         ids = self._take_block_ids(fresh + (1 if end % bs else 0), removed)
         sealed_ids = ids[:fresh] if old is None else [old.block_id, *ids[:fresh]]
-        sealing = list(map(_Block, sealed_ids, new, repeat(1)))
-        if old is not None:  # the partial block itself is sealed: the same object, as block by block
-            old.block_hash, sealing[0] = new[0], old
-        full.update(zip(new, sealing, strict=True))
+        full.update(zip(new, sealed_ids, strict=True))
+        self._refs.update(zip(new, repeat(1)))
         runs.append((seq.hashes[-1] if seq.hashes else None, list(map(StoredBlock, new, sealed_ids, repeat(bs)))))
         seq.hashes.extend(new)
-        seq.partial = _Block(ids[-1], ref_count=1) if end % bs else None
+        seq.partial = _Partial(ids[-1]) if end % bs else None
         return True
 
     def _fill_each(self, seq: KvSequence, token_ids: Sequence[int], start: int, end: int, removed: list[int],
-                   runs: list[tuple[int | None, list[StoredBlock]]]) -> _Block | None:
+                   runs: list[tuple[int | None, list[StoredBlock]]]) -> _Partial | None:
         """:meth:`_fill` block by block (the hot loop of a decode's block, hence its locals); returns the new
         partial block."""
         bs = self.block_size
-        full, free_ids, known, hashes = self._full, self._free_ids, seq.known, seq.hashes
+        full, refs, free_ids, known, hashes = self._full, self._refs, self._free_ids, seq.known, seq.hashes
         block = seq.partial
         while True:
             if block is None:
-                block = _Block(free_ids.pop() if free_ids else self._take_block_id(removed), ref_count=1)
+                block = _Partial(free_ids.pop() if free_ids else self._take_block_id(removed))
             index = len(hashes)
             if end < (index + 1) * bs:
                 break
             parent = hashes[-1] if hashes else None
             h = known[index] if index < len(known) else self._hash_block(seq, token_ids, start, parent)
             hashes.append(h)
-            twin = full.get(h)
-            if twin is not None:
+            if h in full:  # a cached twin: adopted, the private block goes back
                 free_ids.append(block.block_id)
-                self._ref(twin)
+                self._ref(h)
             else:
-                block.block_hash = h
-                full[h] = block
+                full[h] = block.block_id
+                refs[h] = 1
                 stored = StoredBlock(h, block.block_id, bs)
                 if runs and runs[-1][1][-1].block_hash == parent:
                     runs[-1][1].append(stored)

@@ -12,10 +12,10 @@ cancelled one drops them.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
@@ -23,6 +23,9 @@ from services.common.errors import ContextLengthError, InternalError, InvalidReq
 from services.common.model_dir import ModelDir
 from services.kvcore.domain import EngineOutput, EngineRequest, FinishReason, PromptInfo, Usage
 from services.kvcore.stops import StopStringMatcher
+
+if TYPE_CHECKING:  # asyncio loads with the first consumer that waits: the offline replay has none
+    import asyncio
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,15 @@ class OutputBuffer:
         self.cached_tokens: int | None = None
         self.finish_reason: FinishReason | None = None
         self.error: MeshError | None = None
-        self.ready = asyncio.Event()
+        self._waiter: asyncio.Event | None = None  # made by the consumer's first wait in outputs()
         self._out: list[int] = []
         self._prompt_pending = False
         self._prompt_sent = False
         self._final_sent = False
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            self._waiter.set()
 
     @property
     def finished(self) -> bool:
@@ -95,7 +102,7 @@ class OutputBuffer:
         if self._prompt_sent or self._prompt_pending:
             return False
         self._prompt_pending = True
-        self.ready.set()
+        self._wake()
         return True
 
     def _accept(self, token: int) -> bool:
@@ -111,7 +118,7 @@ class OutputBuffer:
         elif self.generated >= self.max_tokens:
             self._out.extend(self.matcher.flush())
             self.finish("length")
-        self.ready.set()
+        self._wake()
         return True
 
     def _accept_quiet(self, tokens: list[int]) -> None:
@@ -120,7 +127,7 @@ class OutputBuffer:
             raise ValueError("these tokens may end the request: accept them one by one")
         self.generated += len(tokens)
         self._out.extend(tokens)
-        self.ready.set()
+        self._wake()
 
     def finish(self, reason: FinishReason) -> None:
         """End the request; tokens held back for a possible stop string are released unless cancelled."""
@@ -128,12 +135,12 @@ class OutputBuffer:
             if reason != "cancelled":
                 self._out.extend(self.matcher.flush())
             self.finish_reason = reason
-        self.ready.set()
+        self._wake()
 
     def fail(self, error: MeshError) -> None:
         if not self.finished:
             self.error = error
-        self.ready.set()
+        self._wake()
 
     def _prompt_info(self) -> PromptInfo:
         return PromptInfo(self.prompt_len, self.cached_tokens or 0)
@@ -168,8 +175,12 @@ class OutputBuffer:
                 raise self.error
             if self._final_sent:
                 raise InternalError("the request's stream already ended")
-            self.ready.clear()
-            await self.ready.wait()
+            if self._waiter is None:
+                import asyncio
+
+                self._waiter = asyncio.Event()
+            self._waiter.clear()
+            await self._waiter.wait()
 
 
 class RequestStream(OutputBuffer):
