@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice, repeat
+from itertools import compress, islice, repeat
+from operator import add, ne, not_, sub
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
@@ -165,12 +166,10 @@ class BlockManager:
         if idle or refs.keys().isdisjoint(hashes):  # the usual case: nobody else holds the prefix
             refs.update(zip(hashes, repeat(1)))
             leaving = hashes
-        else:
-            for h in hashes:
-                n = refs.get(h, 0)
-                if not n:
-                    leaving.append(h)
-                refs[h] = n + 1
+        else:  # some are shared: the same, with each block's count
+            held = list(map(refs.get, hashes, repeat(0)))
+            leaving = list(compress(hashes, map(not_, held)))
+            refs.update(zip(hashes, map(add, held, repeat(1)), strict=True))
         if leaving:
             deque(map(self._inactive.pop, leaving, repeat(None)), maxlen=0)
             if self._watch and not self._watch.isdisjoint(leaving):
@@ -284,12 +283,10 @@ class BlockManager:
         held = list(map(refs.pop, order))
         if held.count(1) == len(held):  # the usual case: it was the only holder
             inactive.update(zip(order, repeat(None)))  # a sequence's hashes are distinct, none is in the list
-        else:
-            for h, n in zip(order, held, strict=True):
-                if n == 1:
-                    inactive[h] = None
-                else:
-                    refs[h] = n - 1
+        else:  # some are shared: those stay active with one reference less
+            shared = list(map(ne, held, repeat(1)))
+            inactive.update(zip(compress(order, map(not_, shared)), repeat(None)))
+            refs.update(zip(compress(order, shared), map(sub, compress(held, shared), repeat(1)), strict=True))
         if seq.hashes:
             self._lru_epoch += 1
         if seq.partial is not None:
