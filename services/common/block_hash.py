@@ -140,9 +140,14 @@ class PrefixHashCache:
         best_key, best = -1, 0
         for key in list(reversed(self._entries))[: self.probes]:
             e_salt, e_data, e_hashes = self._entries[key]
-            if e_salt != salt or len(e_hashes) <= best or e_data[:width] != data[:width]:
+            limit = min(len(e_hashes), full)
+            # Beating ``best`` needs blocks 0 and ``best`` equal too: two 64-byte compares skip the entries that
+            # cannot (other sessions under the same system prompt) before any whole-prompt compare.
+            at = best * width
+            if e_salt != salt or limit <= best or e_data[:width] != data[:width] \
+                    or e_data[at : at + width] != data[at : at + width]:
                 continue
-            n = common_blocks(e_data, data, min(len(e_hashes), full), width)
+            n = common_blocks(e_data, data, limit, width)
             if n > best:
                 best_key, best = key, n
         out: list[int] = []
