@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import compress, islice, repeat
-from operator import add, ne, not_, sub
+from itertools import compress, islice, repeat, takewhile
+from operator import add, eq, ne, not_, sub
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
@@ -37,6 +37,31 @@ class _Partial:
     """A sequence's private, not yet full block."""
 
     block_id: int
+
+
+class _Watch:
+    """The last probe's inactive prefix blocks (a leaving one voids the probe): a list, whose set for membership
+    tests is built on first use (an admission right after its probe never needs it)."""
+
+    __slots__ = ("_set", "blocks")
+
+    def __init__(self, blocks: list[int]) -> None:
+        self.blocks = blocks
+        self._set: set[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.blocks)  # a sequence's block hashes are distinct
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._as_set()
+
+    def isdisjoint(self, hashes: list[int]) -> bool:
+        return self._as_set().isdisjoint(hashes)
+
+    def _as_set(self) -> set[int]:
+        if self._set is None:
+            self._set = set(self.blocks)
+        return self._set
 
 
 @dataclass
@@ -97,7 +122,7 @@ class BlockManager:
         self._next_event_id = 1
         self._lru_epoch = 0                 # bumped whenever a block enters the LRU list or moves in it
         self._probe: _Probe | None = None   # the last probe_prefix (see there)
-        self._watch: set[int] = set()       # its inactive prefix blocks: one leaving the list voids it
+        self._watch = _Watch([])            # its inactive prefix blocks: one leaving the list voids it
         self.pending_events: list[KvEvent] = []
         self._on_event = on_event if on_event is not None else self.pending_events.append
 
@@ -172,7 +197,9 @@ class BlockManager:
             refs.update(zip(hashes, map(add, held, repeat(1)), strict=True))
         if leaving:
             deque(map(self._inactive.pop, leaving, repeat(None)), maxlen=0)
-            if self._watch and not self._watch.isdisjoint(leaving):
+            if probe is not None:
+                self._probe = None  # it was this sequence's, now admitted
+            elif self._watch and not self._watch.isdisjoint(leaving):
                 self._probe = None
         seq.hashes = hashes
         seq.length = len(hashes) * self.block_size
@@ -192,15 +219,17 @@ class BlockManager:
         last = self._valid_probe(seq, limit)
         if last is not None:
             return last.matched, len(self._watch)
-        # C-speed scans (``map`` over bound methods)
         prefix = self._prefix_hashes(seq, token_ids)
-        hits = list(map(self._full.__contains__, prefix))
-        try:
-            matched = hits.index(False)
-        except ValueError:
-            matched = len(prefix)
         inactive = self._inactive  # exactly the full blocks no sequence references
-        self._watch = set(filter(inactive.__contains__, prefix[:matched]))
+        # The usual case first: the prefix's leading blocks are the LRU list's newest entries, newest first (the
+        # session's previous turn freed them last). Its tail is read in order and compared by identity, with no
+        # hash lookup: thousands of blocks of a long prompt cost a memcmp-like scan, not a cache miss each.
+        newest = list(islice(reversed(inactive), len(prefix))) if prefix and prefix[0] in inactive else []
+        run = _common_length(prefix, newest)
+        rest = prefix[run:] if run else prefix
+        hits = len(list(takewhile(self._full.__contains__, rest)))  # C-speed scans from there on
+        matched = run + hits
+        self._watch = _Watch(prefix[:run] + list(filter(inactive.__contains__, rest[:hits])))
         self._probe = _Probe(seq, limit, matched, self._lru_epoch)
         return matched, len(self._watch)
 
@@ -449,3 +478,11 @@ class BlockManager:
 
     def _emit(self, event: KvEvent) -> None:
         self._on_event(event)
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    """How many leading items ``a`` and ``b`` share (list compare first: identical objects need no look)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return len(list(takewhile(bool, map(eq, a, b))))
