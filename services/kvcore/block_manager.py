@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import compress, islice, repeat, takewhile
+from itertools import compress, islice, repeat, starmap, takewhile
 from operator import add, eq, ne, not_, sub
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
@@ -72,6 +72,7 @@ class _Probe:
     limit: int
     matched: int
     epoch: int
+    newest: int = 0  # its first ``newest`` blocks were the LRU list's newest entries, newest first
     touched: bool = False
 
 
@@ -196,7 +197,11 @@ class BlockManager:
             leaving = list(compress(hashes, map(not_, held)))
             refs.update(zip(hashes, map(add, held, repeat(1)), strict=True))
         if leaving:
-            deque(map(self._inactive.pop, leaving, repeat(None)), maxlen=0)
+            inactive = self._inactive
+            newest = probe.newest if probe is not None and idle else 0
+            if newest:  # still the list's newest entries (the probe holds): popped from the end, no key hashed
+                deque(starmap(inactive.popitem, repeat((), newest)), maxlen=0)
+            deque(map(inactive.pop, leaving[newest:] if newest else leaving, repeat(None)), maxlen=0)
             if probe is not None:
                 self._probe = None  # it was this sequence's, now admitted
             elif self._watch and not self._watch.isdisjoint(leaving):
@@ -230,7 +235,7 @@ class BlockManager:
         hits = len(list(takewhile(self._full.__contains__, rest)))  # C-speed scans from there on
         matched = run + hits
         self._watch = _Watch(prefix[:run] + list(filter(inactive.__contains__, rest[:hits])))
-        self._probe = _Probe(seq, limit, matched, self._lru_epoch)
+        self._probe = _Probe(seq, limit, matched, self._lru_epoch, run)
         return matched, len(self._watch)
 
     def _valid_probe(self, seq: KvSequence, limit: int) -> _Probe | None:
