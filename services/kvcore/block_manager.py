@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, repeat, starmap, takewhile
-from operator import add, eq, ne, not_, sub
+from operator import add, eq, gt, not_, sub
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
@@ -113,10 +113,11 @@ class BlockManager:
         self.total_blocks = num_blocks
         self.block_size = block_size
         self._free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
-        # Full blocks: hash -> block id. Each is either active (a count in ``_refs``: the sequences referencing
-        # it) or inactive (in ``_inactive``), never both; plain ints in dicts, so bulk moves run at C speed.
+        # Full blocks: hash -> block id. Each is either inactive (in ``_inactive``) or active, referenced by one
+        # sequence, or by 1 + ``_shared[hash]`` of them: plain ints in dicts, so bulk moves run at C speed, and a
+        # block with one holder (nearly all) is moved in and out of the LRU list with no count kept anywhere.
         self._full: dict[int, int] = {}
-        self._refs: dict[int, int] = {}
+        self._shared: dict[int, int] = {}
         # The LRU list: a plain dict (insertion order; cheaper per block than an OrderedDict, and a block's
         # whole prefix moves in and out of it at once); first = least recently used, a move = pop + insert.
         self._inactive: dict[int, None] = {}
@@ -150,7 +151,9 @@ class BlockManager:
         return self.free_blocks + self.cached_blocks
 
     def ref_count(self, block_hash: int) -> int:
-        return self._refs.get(block_hash, 0)
+        if block_hash not in self._full or block_hash in self._inactive:
+            return 0
+        return 1 + self._shared.get(block_hash, 0)
 
     def lru_order(self) -> list[int]:
         """Hashes of inactive blocks, next to be evicted first."""
@@ -187,17 +190,15 @@ class BlockManager:
             idle = False
         # What _ref does block by block, in bulk: every block gains a reference, the unreferenced ones leave
         # the LRU list.
-        refs = self._refs
-        leaving: list[int] = []
-        if idle or refs.keys().isdisjoint(hashes):  # the usual case: nobody else holds the prefix
-            refs.update(zip(hashes, repeat(1)))
+        inactive, shared = self._inactive, self._shared
+        unheld = [True] if idle else list(map(inactive.__contains__, hashes))
+        if all(unheld):  # the usual case: nobody else holds the prefix
             leaving = hashes
-        else:  # some are shared: the same, with each block's count
-            held = list(map(refs.get, hashes, repeat(0)))
-            leaving = list(compress(hashes, map(not_, held)))
-            refs.update(zip(hashes, map(add, held, repeat(1)), strict=True))
+        else:  # some are held already: one more holder each
+            leaving = list(compress(hashes, unheld))
+            held = list(compress(hashes, map(not_, unheld)))
+            shared.update(zip(held, map(add, map(shared.get, held, repeat(0)), repeat(1)), strict=True))
         if leaving:
-            inactive = self._inactive
             newest = probe.newest if probe is not None and idle else 0
             if newest:  # still the list's newest entries (the probe holds): popped from the end, no key hashed
                 deque(starmap(inactive.popitem, repeat((), newest)), maxlen=0)
@@ -312,15 +313,16 @@ class BlockManager:
 
     def free(self, seq: KvSequence) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order)."""
-        refs, inactive = self._refs, self._inactive
+        shared, inactive = self._shared, self._inactive
         order = seq.hashes[::-1]  # into the LRU list tail first
-        held = list(map(refs.pop, order))
-        if held.count(1) == len(held):  # the usual case: it was the only holder
+        if not shared or shared.keys().isdisjoint(order):  # the usual case: it was the only holder
             inactive.update(zip(order, repeat(None)))  # a sequence's hashes are distinct, none is in the list
-        else:  # some are shared: those stay active with one reference less
-            shared = list(map(ne, held, repeat(1)))
-            inactive.update(zip(compress(order, map(not_, shared)), repeat(None)))
-            refs.update(zip(compress(order, shared), map(sub, compress(held, shared), repeat(1)), strict=True))
+        else:  # some have other holders: those stay active with one holder less
+            others = list(map(shared.get, order, repeat(0)))
+            inactive.update(zip(compress(order, map(not_, others)), repeat(None)))
+            still = list(map(gt, others, repeat(1)))  # 2+ other holders: still shared after this one leaves
+            shared.update(zip(compress(order, still), map(sub, compress(others, still), repeat(1)), strict=True))
+            deque(map(shared.__delitem__, compress(order, map(eq, others, repeat(1)))), maxlen=0)
         if seq.hashes:
             self._lru_epoch += 1
         if seq.partial is not None:
@@ -350,12 +352,12 @@ class BlockManager:
     # -- internals ------------------------------------------------------------------------------
 
     def _ref(self, block_hash: int) -> None:
-        n = self._refs.get(block_hash, 0)
-        if not n:
+        if block_hash in self._inactive:
             del self._inactive[block_hash]
             if block_hash in self._watch:
                 self._probe = None
-        self._refs[block_hash] = n + 1
+        else:
+            self._shared[block_hash] = self._shared.get(block_hash, 0) + 1
 
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
@@ -423,7 +425,6 @@ class BlockManager:
         ids = self._take_block_ids(fresh + (1 if end % bs else 0), removed)
         sealed_ids = ids[:fresh] if old is None else [old.block_id, *ids[:fresh]]
         full.update(zip(new, sealed_ids, strict=True))
-        self._refs.update(zip(new, repeat(1)))
         runs.append((seq.hashes[-1] if seq.hashes else None, list(map(StoredBlock, new, sealed_ids, repeat(bs)))))
         seq.hashes.extend(new)
         seq.partial = _Partial(ids[-1]) if end % bs else None
@@ -434,7 +435,7 @@ class BlockManager:
         """:meth:`_fill` block by block (the hot loop of a decode's block, hence its locals); returns the new
         partial block."""
         bs = self.block_size
-        full, refs, free_ids, known, hashes = self._full, self._refs, self._free_ids, seq.known, seq.hashes
+        full, free_ids, known, hashes = self._full, self._free_ids, seq.known, seq.hashes
         block = seq.partial
         while True:
             if block is None:
@@ -450,7 +451,6 @@ class BlockManager:
                 self._ref(h)
             else:
                 full[h] = block.block_id
-                refs[h] = 1
                 stored = StoredBlock(h, block.block_id, bs)
                 if runs and runs[-1][1][-1].block_hash == parent:
                     runs[-1][1].append(stored)
