@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import compress, islice, repeat, starmap, takewhile
+from itertools import compress, count, islice, repeat, starmap, takewhile
 from operator import add, eq, gt, not_, sub
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
@@ -72,7 +72,8 @@ class _Probe:
     limit: int
     matched: int
     epoch: int
-    newest: int = 0  # its first ``newest`` blocks were the LRU list's newest entries, newest first
+    held: int = 0    # its first ``held`` blocks are referenced (active); the ``newest`` after them were the LRU
+    newest: int = 0  # list's newest entries, newest first
     touched: bool = False
 
 
@@ -189,23 +190,27 @@ class BlockManager:
             hashes = prefix[: hits.index(False) if not all(hits) else len(hits)]
             idle = False
         # What _ref does block by block, in bulk: every block gains a reference, the unreferenced ones leave
-        # the LRU list.
+        # the LRU list. A probe that holds says which leading blocks are held and which run after them is the
+        # list's newest entries; only the blocks past both are looked up.
         inactive, shared = self._inactive, self._shared
-        unheld = [True] if idle else list(map(inactive.__contains__, hashes))
-        if all(unheld):  # the usual case: nobody else holds the prefix
-            leaving = hashes
-        else:  # some are held already: one more holder each
-            leaving = list(compress(hashes, unheld))
-            held = list(compress(hashes, map(not_, unheld)))
+        held_head, newest = (probe.held, probe.newest) if probe is not None else (0, 0)
+        rest = hashes[held_head + newest:] if held_head or newest else hashes
+        unheld = [True] if idle else list(map(inactive.__contains__, rest))
+        held = hashes[:held_head]
+        if all(unheld):  # the usual case: nobody else holds the rest of the prefix
+            leaving = rest
+        else:  # some are held already
+            leaving = list(compress(rest, unheld))
+            held += compress(rest, map(not_, unheld))
+        if held:  # one more holder each
             shared.update(zip(held, map(add, map(shared.get, held, repeat(0)), repeat(1)), strict=True))
-        if leaving:
-            newest = probe.newest if probe is not None and idle else 0
-            if newest:  # still the list's newest entries (the probe holds): popped from the end, no key hashed
-                deque(starmap(inactive.popitem, repeat((), newest)), maxlen=0)
-            deque(map(inactive.pop, leaving[newest:] if newest else leaving, repeat(None)), maxlen=0)
+        if newest:  # still the list's newest entries (the probe holds): popped from the end, no key hashed
+            deque(starmap(inactive.popitem, repeat((), newest)), maxlen=0)
+        if leaving or newest:
+            deque(map(inactive.pop, leaving, repeat(None)), maxlen=0)
             if probe is not None:
                 self._probe = None  # it was this sequence's, now admitted
-            elif self._watch and not self._watch.isdisjoint(leaving):
+            elif self._watch and not self._watch.isdisjoint(leaving):  # (no probe: no newest run either)
                 self._probe = None
         seq.hashes = hashes
         seq.length = len(hashes) * self.block_size
@@ -226,17 +231,23 @@ class BlockManager:
         if last is not None:
             return last.matched, len(self._watch)
         prefix = self._prefix_hashes(seq, token_ids)
-        inactive = self._inactive  # exactly the full blocks no sequence references
-        # The usual case first: the prefix's leading blocks are the LRU list's newest entries, newest first (the
-        # session's previous turn freed them last). Its tail is read in order and compared by identity, with no
-        # hash lookup: thousands of blocks of a long prompt cost a memcmp-like scan, not a cache miss each.
-        newest = list(islice(reversed(inactive), len(prefix))) if prefix and prefix[0] in inactive else []
-        run = _common_length(prefix, newest)
-        rest = prefix[run:] if run else prefix
-        hits = len(list(takewhile(self._full.__contains__, rest)))  # C-speed scans from there on
-        matched = run + hits
-        self._watch = _Watch(prefix[:run] + list(filter(inactive.__contains__, rest[:hits])))
-        self._probe = _Probe(seq, limit, matched, self._lru_epoch, run)
+        full, inactive = self._full, self._inactive  # inactive: exactly the full blocks no sequence references
+        # The usual case first: after a head that running sequences hold (a system prompt they share; held blocks
+        # always lead: a block's holders hold its whole chain), the prefix goes on with the LRU list's newest
+        # entries, newest first (the session's previous turn freed them last). They are read in order and
+        # compared by identity, with no hash lookup: thousands of blocks of a long prompt cost a memcmp-like
+        # scan, not a cache miss each.
+        held = next(compress(count(), map(inactive.__contains__, prefix)), len(prefix))
+        if held and not all(map(full.__contains__, prefix[:held])):
+            held = run = 0
+        else:
+            newest = list(islice(reversed(inactive), len(prefix) - held)) if held < len(prefix) else []
+            run = _common_length(prefix[held:] if held else prefix, newest)
+        rest = prefix[held + run:] if held or run else prefix
+        hits = len(list(takewhile(full.__contains__, rest)))  # C-speed scans from there on
+        matched = held + run + hits
+        self._watch = _Watch(prefix[held : held + run] + list(filter(inactive.__contains__, rest[:hits])))
+        self._probe = _Probe(seq, limit, matched, self._lru_epoch, held, run)
         return matched, len(self._watch)
 
     def _valid_probe(self, seq: KvSequence, limit: int) -> _Probe | None:
@@ -314,10 +325,22 @@ class BlockManager:
     def free(self, seq: KvSequence) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order)."""
         shared, inactive = self._shared, self._inactive
-        order = seq.hashes[::-1]  # into the LRU list tail first
-        if not shared or shared.keys().isdisjoint(order):  # the usual case: it was the only holder
-            inactive.update(zip(order, repeat(None)))  # a sequence's hashes are distinct, none is in the list
-        else:  # some have other holders: those stay active with one holder less
+        hashes = seq.hashes
+        # Blocks other sequences hold too lead (a block's holders hold its whole chain): a shared head, found
+        # by looking up only its own blocks, then a rest with this holder alone, checked in one C pass.
+        head = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
+        rest = hashes[head:] if head else hashes
+        if not shared or shared.keys().isdisjoint(rest):  # the usual case
+            inactive.update(zip(reversed(rest), repeat(None)))  # into the LRU list tail first (none is in it)
+            if head:  # those stay active with one holder less
+                shared_head = hashes[:head]
+                others = list(map(shared.__getitem__, shared_head))
+                still = list(map(gt, others, repeat(1)))
+                shared.update(zip(compress(shared_head, still), map(sub, compress(others, still), repeat(1)),
+                                  strict=True))
+                deque(map(shared.__delitem__, compress(shared_head, map(eq, others, repeat(1)))), maxlen=0)
+        else:  # shared blocks past a gap (only a hash collision could make one): block by block, in bulk
+            order = hashes[::-1]
             others = list(map(shared.get, order, repeat(0)))
             inactive.update(zip(compress(order, map(not_, others)), repeat(None)))
             still = list(map(gt, others, repeat(1)))  # 2+ other holders: still shared after this one leaves
