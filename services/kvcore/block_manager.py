@@ -15,6 +15,11 @@ Invariants:
   :meth:`BlockManager.clear` ``KvCleared``. Removals are emitted before the stores of the same call.
 * Failed allocations change nothing: :meth:`BlockManager.append` returns False and the caller
   decides (wait, or preempt another sequence).
+* A block with one holder keeps no count (it is active because it is cached and not in the LRU list); only
+  blocks with more holders have one (``_shared``). Held blocks lead a chain (a block's holders hold its whole
+  prefix), so probe, acquire and free look up only a prompt's held head and read the rest from the LRU list's
+  order where they can; ``tests/kvcore/test_block_manager_model.py`` checks every operation against a
+  block-by-block reference model.
 * Each block of a sequence's token stream is hashed once: ``KvSequence.known`` keeps the stream's
   chained hashes across :meth:`BlockManager.free` (a preempted request re-admitted hashes nothing
   again), extended as the stream grows or seeded by a caller that already has them.
