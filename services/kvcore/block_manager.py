@@ -338,19 +338,12 @@ class BlockManager:
         if not shared or shared.keys().isdisjoint(rest):  # the usual case
             inactive.update(zip(reversed(rest), repeat(None)))  # into the LRU list tail first (none is in it)
             if head:  # those stay active with one holder less
-                shared_head = hashes[:head]
-                others = list(map(shared.__getitem__, shared_head))
-                still = list(map(gt, others, repeat(1)))
-                shared.update(zip(compress(shared_head, still), map(sub, compress(others, still), repeat(1)),
-                                  strict=True))
-                deque(map(shared.__delitem__, compress(shared_head, map(eq, others, repeat(1)))), maxlen=0)
+                self._one_holder_less(hashes[:head], list(map(shared.__getitem__, hashes[:head])))
         else:  # shared blocks past a gap (only a hash collision could make one): block by block, in bulk
             order = hashes[::-1]
             others = list(map(shared.get, order, repeat(0)))
             inactive.update(zip(compress(order, map(not_, others)), repeat(None)))
-            still = list(map(gt, others, repeat(1)))  # 2+ other holders: still shared after this one leaves
-            shared.update(zip(compress(order, still), map(sub, compress(others, still), repeat(1)), strict=True))
-            deque(map(shared.__delitem__, compress(order, map(eq, others, repeat(1)))), maxlen=0)
+            self._one_holder_less(order, others)
         if seq.hashes:
             self._lru_epoch += 1
         if seq.partial is not None:
@@ -378,6 +371,13 @@ class BlockManager:
         return out
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _one_holder_less(self, hashes: list[int], others: list[int]) -> None:
+        """A holder left ``hashes``, which ``others`` other holders each still hold (0: none, it went inactive)."""
+        shared = self._shared
+        still = list(map(gt, others, repeat(1)))  # 2+ others: still shared after this one leaves
+        shared.update(zip(compress(hashes, still), map(sub, compress(others, still), repeat(1)), strict=True))
+        deque(map(shared.__delitem__, compress(hashes, map(eq, others, repeat(1)))), maxlen=0)
 
     def _ref(self, block_hash: int) -> None:
         if block_hash in self._inactive:
