@@ -21,6 +21,7 @@ from services.common.tracing import (
     conversation_attributes,
     identity_context,
     incoming_parent,
+    sampler_for,
     sampler_from_env,
     server_interceptors,
 )
@@ -37,6 +38,17 @@ def test_sampler_from_env() -> None:
     assert isinstance(ratio, sampling.TraceIdRatioBased) and ratio.rate == 0.25
     with pytest.raises(ValueError, match="OTEL_TRACES_SAMPLER"):
         sampler_from_env({"OTEL_TRACES_SAMPLER": "sometimes"})
+
+
+def test_a_process_that_exports_nothing_records_no_span_unless_a_sampler_is_asked_for() -> None:
+    assert sampler_for({}, exporting=False) is sampling.ALWAYS_OFF
+    assert isinstance(sampler_for({}, exporting=True), sampling.ParentBased)
+    asked = sampler_for({"OTEL_TRACES_SAMPLER": "always_on"}, exporting=False)
+    assert asked is sampling.ALWAYS_ON
+    provider = TracerProvider(sampler=sampler_for({}, exporting=False))
+    with provider.get_tracer("t").start_as_current_span("s") as span:
+        assert not span.is_recording()
+        assert span.get_span_context().is_valid  # the trace context still propagates
 
 
 def test_identity_reaches_every_span_and_log_line() -> None:
