@@ -200,9 +200,9 @@ class BlockManager:
         inactive, shared = self._inactive, self._shared
         held_head, newest = (probe.held, probe.newest) if probe is not None else (0, 0)
         rest = hashes[held_head + newest:] if held_head or newest else hashes
-        unheld = [True] if idle else list(map(inactive.__contains__, rest))
         held = hashes[:held_head]
-        if all(unheld):  # the usual case: nobody else holds the rest of the prefix
+        unheld = None if idle else list(map(inactive.__contains__, rest))
+        if unheld is None or all(unheld):  # the usual case: nobody else holds the rest of the prefix
             leaving = rest
         else:  # some are held already
             leaving = list(compress(rest, unheld))

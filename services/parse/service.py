@@ -36,6 +36,18 @@ log = structlog.get_logger()
 READY_TIMEOUT = 1.0  # seconds the router gets to list its workers for a readiness check
 
 
+# A request this small builds its prompt on the event loop: rendering a few dozen messages and tokenizing at
+# most 32 KB costs well under 10 ms even for pathological text (a 32 KB run of one digit: ~2.5 ms), while the
+# thread handoff costs ~0.3-1 ms of every short request's time to first token. Larger ones go to a thread, so
+# no request holds the loop for long (issue 14).
+INLINE_BUILD_BYTES = 32 * 1024
+INLINE_BUILD_MESSAGES = 64
+
+
+def _small(request: chat_pb2.ChatRequest) -> bool:
+    return len(request.messages) <= INLINE_BUILD_MESSAGES and request.ByteSize() <= INLINE_BUILD_BYTES
+
+
 class ParseService(parse_pb2_grpc.ParseServicer):
     """Serves ``harnessmesh.v1.Parse`` for one model; the router stub is where tokens come from."""
 
@@ -322,15 +334,3 @@ class _SpanEvents:
 
 
 __all__ = ["ParseService"]
-
-
-# A request this small builds its prompt on the event loop: rendering a few dozen messages and tokenizing at
-# most 32 KB costs well under 10 ms even for pathological text (a 32 KB run of one digit: ~2.5 ms), while the
-# thread handoff costs ~0.3-1 ms of every short request's time to first token. Larger ones go to a thread, so
-# no request holds the loop for long (issue 14).
-INLINE_BUILD_BYTES = 32 * 1024
-INLINE_BUILD_MESSAGES = 64
-
-
-def _small(request: chat_pb2.ChatRequest) -> bool:
-    return len(request.messages) <= INLINE_BUILD_MESSAGES and request.ByteSize() <= INLINE_BUILD_BYTES
