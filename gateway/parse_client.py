@@ -16,7 +16,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from gateway.admission import Admission
 from gateway.turn_tracking import TurnTracker
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
-from services.common import errors
+from services.common import errors, message_reuse
 from services.common.mux import MuxChannel, method_name
 
 CHAT = method_name("Parse", "Chat")
@@ -102,6 +102,7 @@ class ParseClient:
         streams: MuxChannel | None = None,
         admission: Admission | None = None,
         resume_limit: int = RESUME_LIMIT,
+        messages: message_reuse.MessageSender | None = None,
     ) -> None:
         self.admission = admission or Admission()
         self._resume_limit = resume_limit
@@ -110,6 +111,7 @@ class ParseClient:
         self._chat = (streams.unary_stream(CHAT, chat_pb2.ChatEventBatch.FromString) if streams is not None
                       else self._stub.Chat)
         self.turns = turns
+        self.messages = messages or message_reuse.MessageSender()  # a turn sends only its new messages
         self._timeout = timeout
         self._probe_timeout = probe_timeout
         self._model_ttl = model_ttl
@@ -128,9 +130,11 @@ class ParseClient:
     async def _chat_stream(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
         if not request.request_id or request.HasField("continuation"):
             request = _own(request)  # a resumed stream must keep its id; a continuation is ours alone to set
+        message_reuse.strip(request)  # so is what parse holds
         turn = self.turns.begin(request) if self.turns is not None else None
+        short = self.messages.shorten(request)  # the messages after those parse holds (None: send it whole)
         with turn.attached() if turn is not None else contextlib.nullcontext():
-            call = self._chat(request, timeout=self._timeout)
+            call = self._chat(short or request, timeout=self._timeout)
         delivered = Delivered()
         outcome = "cancelled"
         try:
@@ -140,6 +144,11 @@ class ParseClient:
                 try:
                     batch = await call.read()
                 except grpc.aio.AioRpcError as exc:
+                    if short is not None and exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                        short = None  # parse does not hold the base (nothing was delivered): send it whole
+                        with turn.attached() if turn is not None else contextlib.nullcontext():
+                            call = self._chat(request, timeout=self._timeout)
+                        continue
                     if not self._resumable(exc, delivered):
                         raise
                     await asyncio.sleep(RESUME_BACKOFF * 2 ** delivered.resumes)
@@ -153,6 +162,7 @@ class ParseClient:
                     outcome = "ok"
                     return
                 assert isinstance(batch, chat_pb2.ChatEventBatch)
+                short = None  # parse took the request: no whole resend after this
                 delivered.observe(batch)
                 if turn is not None:
                     turn.observe(batch)

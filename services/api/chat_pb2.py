@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services.api import common_pb2 as services_dot_api_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17services/api/chat.proto\x12\x0eharnessmesh.v1\x1a\x19services/api/common.proto\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"b\n\x04Part\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x13\n\treasoning\x18\x02 \x01(\tH\x00\x12-\n\ttool_call\x18\x03 \x01(\x0b\x32\x18.harnessmesh.v1.ToolCallH\x00\x42\x06\n\x04kind\"r\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12#\n\x05parts\x18\x02 \x03(\x0b\x32\x14.harnessmesh.v1.Part\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x10\n\x08is_error\x18\x05 \x01(\x08\"B\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"(\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xab\x04\n\x0b\x43hatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.harnessmesh.v1.Message\x12#\n\x05tools\x18\x04 \x03(\x0b\x32\x14.harnessmesh.v1.Tool\x12/\n\x0btool_choice\x18\x05 \x01(\x0b\x32\x1a.harnessmesh.v1.ToolChoice\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.harnessmesh.v1.SamplingParams\x12*\n\x08identity\x18\x07 \x01(\x0b\x32\x18.harnessmesh.v1.Identity\x12)\n\x05hints\x18\x08 \x01(\x0b\x32\x1a.harnessmesh.v1.AgentHints\x12!\n\x19\x63hat_template_kwargs_json\x18\t \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\n \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x0b \x01(\x08\x12!\n\x14strip_billing_header\x18\x0c \x01(\x08H\x01\x88\x01\x01\x12\x32\n\x0c\x63ontinuation\x18\r \x01(\x0b\x32\x1c.harnessmesh.v1.ContinuationB\x18\n\x16_add_generation_promptB\x17\n\x15_strip_billing_header\"\x90\x01\n\x0c\x43ontinuation\x12\x15\n\rtoken_ids_u32\x18\x01 \x01(\x0c\x12\x13\n\x0b\x66rame_sizes\x18\x02 \x03(\r\x12\x15\n\rtool_call_ids\x18\x03 \x03(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x15\n\rcached_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07resumes\x18\x06 \x01(\x05\"\x1e\n\x0eReasoningDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x19\n\tTextDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"8\n\rToolCallStart\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"B\n\x16ToolCallArgumentsDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\"I\n\x10ToolCallDispatch\x12\r\n\x05index\x18\x01 \x01(\x05\x12&\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x18.harnessmesh.v1.ToolCall\"K\n\x06\x46inish\x12,\n\x06reason\x18\x01 \x01(\x0e\x32\x1c.harnessmesh.v1.FinishReason\x12\x13\n\x0bstop_string\x18\x02 \x01(\t\"m\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\x12\x11\n\tworker_id\x18\x05 \x01(\t\"\xed\x03\n\tChatEvent\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.harnessmesh.v1.StartedH\x00\x12\x39\n\x0freasoning_delta\x18\x02 \x01(\x0b\x32\x1e.harnessmesh.v1.ReasoningDeltaH\x00\x12/\n\ntext_delta\x18\x03 \x01(\x0b\x32\x19.harnessmesh.v1.TextDeltaH\x00\x12\x38\n\x0ftool_call_start\x18\x04 \x01(\x0b\x32\x1d.harnessmesh.v1.ToolCallStartH\x00\x12K\n\x19tool_call_arguments_delta\x18\x05 \x01(\x0b\x32&.harnessmesh.v1.ToolCallArgumentsDeltaH\x00\x12>\n\x12tool_call_dispatch\x18\x06 \x01(\x0b\x32 .harnessmesh.v1.ToolCallDispatchH\x00\x12&\n\x05usage\x18\x07 \x01(\x0b\x32\x15.harnessmesh.v1.UsageH\x00\x12(\n\x06\x66inish\x18\x08 \x01(\x0b\x32\x16.harnessmesh.v1.FinishH\x00\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x15.harnessmesh.v1.ErrorH\x00\x42\x07\n\x05\x65vent\"g\n\x0e\x43hatEventBatch\x12)\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x19.harnessmesh.v1.ChatEvent\x12\x15\n\rtoken_ids_u32\x18\x02 \x01(\x0c\x12\x13\n\x0b\x66rame_sizes\x18\x03 \x03(\r\"\x12\n\x10ModelInfoRequest\"\x97\x01\n\tModelInfo\x12\x19\n\x11served_model_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x18\n\x10reasoning_parser\x18\x03 \x01(\t\x12\x13\n\x0btool_parser\x18\x04 \x01(\t\x12\x0f\n\x07\x63reated\x18\x05 \x01(\x03\x12\x18\n\x10input_modalities\x18\x06 \x03(\t2\x9e\x01\n\x0c\x41gentService\x12\x45\n\x04\x43hat\x12\x1b.harnessmesh.v1.ChatRequest\x1a\x1e.harnessmesh.v1.ChatEventBatch0\x01\x12G\n\x08GetModel\x12 .harnessmesh.v1.ModelInfoRequest\x1a\x19.harnessmesh.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17services/api/chat.proto\x12\x0eharnessmesh.v1\x1a\x19services/api/common.proto\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"b\n\x04Part\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x13\n\treasoning\x18\x02 \x01(\tH\x00\x12-\n\ttool_call\x18\x03 \x01(\x0b\x32\x18.harnessmesh.v1.ToolCallH\x00\x42\x06\n\x04kind\"r\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12#\n\x05parts\x18\x02 \x03(\x0b\x32\x14.harnessmesh.v1.Part\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x10\n\x08is_error\x18\x05 \x01(\x08\"B\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"(\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xf6\x04\n\x0b\x43hatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.harnessmesh.v1.Message\x12#\n\x05tools\x18\x04 \x03(\x0b\x32\x14.harnessmesh.v1.Tool\x12/\n\x0btool_choice\x18\x05 \x01(\x0b\x32\x1a.harnessmesh.v1.ToolChoice\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.harnessmesh.v1.SamplingParams\x12*\n\x08identity\x18\x07 \x01(\x0b\x32\x18.harnessmesh.v1.Identity\x12)\n\x05hints\x18\x08 \x01(\x0b\x32\x1a.harnessmesh.v1.AgentHints\x12!\n\x19\x63hat_template_kwargs_json\x18\t \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\n \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x0b \x01(\x08\x12!\n\x14strip_billing_header\x18\x0c \x01(\x08H\x01\x88\x01\x01\x12\x32\n\x0c\x63ontinuation\x18\r \x01(\x0b\x32\x1c.harnessmesh.v1.Continuation\x12\x33\n\rmessages_base\x18\x0e \x01(\x0b\x32\x1c.harnessmesh.v1.MessagesBase\x12\x14\n\x0cmessages_key\x18\x0f \x01(\tB\x18\n\x16_add_generation_promptB\x17\n\x15_strip_billing_header\"-\n\x0cMessagesBase\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x06\"\x90\x01\n\x0c\x43ontinuation\x12\x15\n\rtoken_ids_u32\x18\x01 \x01(\x0c\x12\x13\n\x0b\x66rame_sizes\x18\x02 \x03(\r\x12\x15\n\rtool_call_ids\x18\x03 \x03(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x15\n\rcached_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07resumes\x18\x06 \x01(\x05\"\x1e\n\x0eReasoningDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x19\n\tTextDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"8\n\rToolCallStart\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"B\n\x16ToolCallArgumentsDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\"I\n\x10ToolCallDispatch\x12\r\n\x05index\x18\x01 \x01(\x05\x12&\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x18.harnessmesh.v1.ToolCall\"K\n\x06\x46inish\x12,\n\x06reason\x18\x01 \x01(\x0e\x32\x1c.harnessmesh.v1.FinishReason\x12\x13\n\x0bstop_string\x18\x02 \x01(\t\"m\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\x12\x11\n\tworker_id\x18\x05 \x01(\t\"\xed\x03\n\tChatEvent\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.harnessmesh.v1.StartedH\x00\x12\x39\n\x0freasoning_delta\x18\x02 \x01(\x0b\x32\x1e.harnessmesh.v1.ReasoningDeltaH\x00\x12/\n\ntext_delta\x18\x03 \x01(\x0b\x32\x19.harnessmesh.v1.TextDeltaH\x00\x12\x38\n\x0ftool_call_start\x18\x04 \x01(\x0b\x32\x1d.harnessmesh.v1.ToolCallStartH\x00\x12K\n\x19tool_call_arguments_delta\x18\x05 \x01(\x0b\x32&.harnessmesh.v1.ToolCallArgumentsDeltaH\x00\x12>\n\x12tool_call_dispatch\x18\x06 \x01(\x0b\x32 .harnessmesh.v1.ToolCallDispatchH\x00\x12&\n\x05usage\x18\x07 \x01(\x0b\x32\x15.harnessmesh.v1.UsageH\x00\x12(\n\x06\x66inish\x18\x08 \x01(\x0b\x32\x16.harnessmesh.v1.FinishH\x00\x12&\n\x05\x65rror\x18\t \x01(\x0b\x32\x15.harnessmesh.v1.ErrorH\x00\x42\x07\n\x05\x65vent\"g\n\x0e\x43hatEventBatch\x12)\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x19.harnessmesh.v1.ChatEvent\x12\x15\n\rtoken_ids_u32\x18\x02 \x01(\x0c\x12\x13\n\x0b\x66rame_sizes\x18\x03 \x03(\r\"\x12\n\x10ModelInfoRequest\"\x97\x01\n\tModelInfo\x12\x19\n\x11served_model_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x18\n\x10reasoning_parser\x18\x03 \x01(\t\x12\x13\n\x0btool_parser\x18\x04 \x01(\t\x12\x0f\n\x07\x63reated\x18\x05 \x01(\x03\x12\x18\n\x10input_modalities\x18\x06 \x03(\t2\x9e\x01\n\x0c\x41gentService\x12\x45\n\x04\x43hat\x12\x1b.harnessmesh.v1.ChatRequest\x1a\x1e.harnessmesh.v1.ChatEventBatch0\x01\x12G\n\x08GetModel\x12 .harnessmesh.v1.ModelInfoRequest\x1a\x19.harnessmesh.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,31 +43,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLCHOICE']._serialized_start=416
   _globals['_TOOLCHOICE']._serialized_end=456
   _globals['_CHATREQUEST']._serialized_start=459
-  _globals['_CHATREQUEST']._serialized_end=1014
-  _globals['_CONTINUATION']._serialized_start=1017
-  _globals['_CONTINUATION']._serialized_end=1161
-  _globals['_REASONINGDELTA']._serialized_start=1163
-  _globals['_REASONINGDELTA']._serialized_end=1193
-  _globals['_TEXTDELTA']._serialized_start=1195
-  _globals['_TEXTDELTA']._serialized_end=1220
-  _globals['_TOOLCALLSTART']._serialized_start=1222
-  _globals['_TOOLCALLSTART']._serialized_end=1278
-  _globals['_TOOLCALLARGUMENTSDELTA']._serialized_start=1280
-  _globals['_TOOLCALLARGUMENTSDELTA']._serialized_end=1346
-  _globals['_TOOLCALLDISPATCH']._serialized_start=1348
-  _globals['_TOOLCALLDISPATCH']._serialized_end=1421
-  _globals['_FINISH']._serialized_start=1423
-  _globals['_FINISH']._serialized_end=1498
-  _globals['_STARTED']._serialized_start=1500
-  _globals['_STARTED']._serialized_end=1609
-  _globals['_CHATEVENT']._serialized_start=1612
-  _globals['_CHATEVENT']._serialized_end=2105
-  _globals['_CHATEVENTBATCH']._serialized_start=2107
-  _globals['_CHATEVENTBATCH']._serialized_end=2210
-  _globals['_MODELINFOREQUEST']._serialized_start=2212
-  _globals['_MODELINFOREQUEST']._serialized_end=2230
-  _globals['_MODELINFO']._serialized_start=2233
-  _globals['_MODELINFO']._serialized_end=2384
-  _globals['_AGENTSERVICE']._serialized_start=2387
-  _globals['_AGENTSERVICE']._serialized_end=2545
+  _globals['_CHATREQUEST']._serialized_end=1089
+  _globals['_MESSAGESBASE']._serialized_start=1091
+  _globals['_MESSAGESBASE']._serialized_end=1136
+  _globals['_CONTINUATION']._serialized_start=1139
+  _globals['_CONTINUATION']._serialized_end=1283
+  _globals['_REASONINGDELTA']._serialized_start=1285
+  _globals['_REASONINGDELTA']._serialized_end=1315
+  _globals['_TEXTDELTA']._serialized_start=1317
+  _globals['_TEXTDELTA']._serialized_end=1342
+  _globals['_TOOLCALLSTART']._serialized_start=1344
+  _globals['_TOOLCALLSTART']._serialized_end=1400
+  _globals['_TOOLCALLARGUMENTSDELTA']._serialized_start=1402
+  _globals['_TOOLCALLARGUMENTSDELTA']._serialized_end=1468
+  _globals['_TOOLCALLDISPATCH']._serialized_start=1470
+  _globals['_TOOLCALLDISPATCH']._serialized_end=1543
+  _globals['_FINISH']._serialized_start=1545
+  _globals['_FINISH']._serialized_end=1620
+  _globals['_STARTED']._serialized_start=1622
+  _globals['_STARTED']._serialized_end=1731
+  _globals['_CHATEVENT']._serialized_start=1734
+  _globals['_CHATEVENT']._serialized_end=2227
+  _globals['_CHATEVENTBATCH']._serialized_start=2229
+  _globals['_CHATEVENTBATCH']._serialized_end=2332
+  _globals['_MODELINFOREQUEST']._serialized_start=2334
+  _globals['_MODELINFOREQUEST']._serialized_end=2352
+  _globals['_MODELINFO']._serialized_start=2355
+  _globals['_MODELINFO']._serialized_end=2506
+  _globals['_AGENTSERVICE']._serialized_start=2509
+  _globals['_AGENTSERVICE']._serialized_end=2667
 # @@protoc_insertion_point(module_scope)

@@ -183,6 +183,8 @@ class ChatRequest(_message.Message):
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _builtins.int
     STRIP_BILLING_HEADER_FIELD_NUMBER: _builtins.int
     CONTINUATION_FIELD_NUMBER: _builtins.int
+    MESSAGES_BASE_FIELD_NUMBER: _builtins.int
+    MESSAGES_KEY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """empty: the server assigns one"""
     model: _builtins.str
@@ -195,6 +197,8 @@ class ChatRequest(_message.Message):
     """Drop Claude Code's per-session 'x-anthropic-billing-header:' lines before rendering. Unset: the
     parse service's --strip-billing-header default; the Anthropic API sets it (--no-strip-anthropic-preamble).
     """
+    messages_key: _builtins.str
+    """The parse service keeps this conversation's messages under this key, for the next turn's base."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]: ...
     @_builtins.property
@@ -210,6 +214,13 @@ class ChatRequest(_message.Message):
     @_builtins.property
     def continuation(self) -> Global___Continuation:
         """Set by a gateway resuming a stream whose parse replica went away after its first batch: go on from there."""
+
+    @_builtins.property
+    def messages_base(self) -> Global___MessagesBase:
+        """Message reuse across the gateway -> parse hop (services/common/message_reuse.py), set by the gateway
+        only: `messages` holds the conversation's messages after its first `messages_base.count`, which the
+        parse service holds under `messages_key`; it answers FAILED_PRECONDITION when it does not.
+        """
 
     def __init__(
         self,
@@ -227,10 +238,12 @@ class ChatRequest(_message.Message):
         continue_final_message: _builtins.bool = ...,
         strip_billing_header: _builtins.bool | None = ...,
         continuation: Global___Continuation | None = ...,
+        messages_base: Global___MessagesBase | None = ...,
+        messages_key: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "continuation", b"continuation", "hints", b"hints", "identity", b"identity", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "continuation", b"continuation", "hints", b"hints", "identity", b"identity", "messages_base", b"messages_base", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "chat_template_kwargs_json", b"chat_template_kwargs_json", "continuation", b"continuation", "continue_final_message", b"continue_final_message", "hints", b"hints", "identity", b"identity", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_strip_billing_header", b"_strip_billing_header", "add_generation_prompt", b"add_generation_prompt", "chat_template_kwargs_json", b"chat_template_kwargs_json", "continuation", b"continuation", "continue_final_message", b"continue_final_message", "hints", b"hints", "identity", b"identity", "messages", b"messages", "messages_base", b"messages_base", "messages_key", b"messages_key", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "strip_billing_header", b"strip_billing_header", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__add_generation_prompt: _TypeAlias = _typing.Literal["add_generation_prompt"]  # noqa: Y015
     _WhichOneofArgType__add_generation_prompt: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt"]  # noqa: Y015
@@ -242,6 +255,31 @@ class ChatRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__strip_billing_header) -> _WhichOneofReturnType__strip_billing_header | None: ...
 
 Global___ChatRequest: _TypeAlias = ChatRequest  # noqa: Y015
+
+@_typing.final
+class MessagesBase(_message.Message):
+    """The leading messages of a conversation sent earlier on the same hop."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    digest: _builtins.int
+    """chained xxh3-64 of the messages' serialized bytes (message_reuse.chain)"""
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+        digest: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "digest", b"digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MessagesBase: _TypeAlias = MessagesBase  # noqa: Y015
 
 @_typing.final
 class Continuation(_message.Message):

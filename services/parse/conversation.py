@@ -83,7 +83,8 @@ class Conversation:
 
 @dataclass(frozen=True)
 class TemplateInput:
-    """What a chat template is rendered with."""
+    """What a chat template is rendered with: plain JSON data only (dict, list, str, int, float, bool, None),
+    which the renderer hands to the template as it is (no defensive copy)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None

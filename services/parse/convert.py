@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from services.api import chat_pb2, common_pb2, worker_pb2
 from services.common import token_bytes
@@ -43,21 +44,25 @@ def check_json_depth(text: str, param: str) -> None:
             raise InvalidRequestError(f"{param} nests deeper than {MAX_JSON_DEPTH} levels", param=param)
 
 
-def _check_json_fields(request: chat_pb2.ChatRequest) -> None:
+def _check_json_fields(request: chat_pb2.ChatRequest, held: int) -> None:
     check_json_depth(request.chat_template_kwargs_json, "chat_template_kwargs_json")
     for i, tool in enumerate(request.tools):
         check_json_depth(tool.parameters_json, f"tools[{i}].parameters_json")
-    for i, message in enumerate(request.messages):
+    for i, message in enumerate(request.messages, held):
         for j, part in enumerate(message.parts):
             if part.WhichOneof("kind") == "tool_call":
                 check_json_depth(part.tool_call.arguments_json, f"messages[{i}].parts[{j}].tool_call.arguments_json")
 
 
-def conversation_from_proto(request: chat_pb2.ChatRequest) -> Conversation:
-    """The request's conversation; JSON text fields nested too deeply to parse are a 400 naming the field."""
-    _check_json_fields(request)
+def conversation_from_proto(request: chat_pb2.ChatRequest, held: Sequence[ChatMessage] = ()) -> Conversation:
+    """The request's conversation; JSON text fields nested too deeply to parse are a 400 naming the field.
+
+    ``held``: the conversation's messages before ``request.messages``, converted by an earlier request
+    (``services.common.message_reuse``): the same objects, so the renderer's per-message work is reused too.
+    """
+    _check_json_fields(request, len(held))
     return Conversation(
-        messages=tuple(_message(m) for m in request.messages),
+        messages=(*held, *map(_message, request.messages)),
         tools=tuple(ToolSpec(t.name, t.description, t.parameters_json) for t in request.tools),
         template_kwargs_json=request.chat_template_kwargs_json,
         add_generation_prompt=(
@@ -88,6 +93,12 @@ def _message(message: chat_pb2.Message) -> ChatMessage:
         name=message.name,
         is_error=message.is_error,
     )
+
+
+def message_size(message: ChatMessage) -> int:
+    """About the bytes ``message`` holds (what a message store counts against its bound)."""
+    return 64 + sum(len(p.arguments_json) + len(p.name) if isinstance(p, ToolCallPart) else len(p.text)
+                    for p in message.parts)
 
 
 def generate_request(

@@ -26,14 +26,15 @@ class RequestLimits:
     parts: int = 1_000
     text_chars: int = 4_000_000
 
-    def check(self, request: chat_pb2.ChatRequest) -> None:
-        """Raise InvalidRequestError (400) for the first limit ``request`` exceeds."""
-        _at_most(len(request.messages), self.messages, "messages", "messages", "--max-messages")
+    def check(self, request: chat_pb2.ChatRequest, held: int = 0) -> None:
+        """Raise InvalidRequestError (400) for the first limit ``request`` exceeds. ``held``: messages before
+        ``request.messages`` that parse holds already (``services.common.message_reuse``; checked then)."""
+        _at_most(held + len(request.messages), self.messages, "messages", "messages", "--max-messages")
         _at_most(len(request.tools), self.tools, "tools", "tools", "--max-tools")
         for i, tool in enumerate(request.tools):
             _at_most(len(tool.parameters_json), self.text_chars, "characters", f"tools[{i}].parameters_json",
                      "--max-text-chars")
-        for i, message in enumerate(request.messages):
+        for i, message in enumerate(request.messages, held):
             _at_most(len(message.parts), self.parts, "parts", f"messages[{i}].parts", "--max-message-parts")
             if self.text_chars:
                 for j, part in enumerate(message.parts):

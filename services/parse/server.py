@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 
 from services.api import chat_pb2, parse_pb2_grpc
+from services.common import message_reuse
 from services.common.grpc_util import GrpcServer
 from services.common.jetstream import BucketConfig, ChunkedKv, bucket_name, chunk_size_for, open_bucket
 from services.common.metrics import MetricsServer, serve_metrics
@@ -38,6 +39,7 @@ class RunningParse:
     model_format: ModelFormat
     metrics_server: MetricsServer | None = None
     nats: Any = None  # the connection of --prefix-watch-store jetstream
+    servicer: ParseService | None = None
 
     @property
     def address(self) -> str:
@@ -103,13 +105,14 @@ async def start(
     servicer = ParseService(fmt, router, tracer, metrics=metrics, limits=settings.request_limits(),
                             router_info=routers.info,
                             prefix_state=prefix_state)
+    message_reuse.watch(metrics.registry, servicer.messages)
     server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
     server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})
     await server.start()
     return RunningParse(server=server, routers=routers, model_format=fmt,
                         metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port),
-                        nats=nats)
+                        nats=nats, servicer=servicer)
 
 
 async def serve(settings: ParseSettings, stop: asyncio.Event) -> None:

@@ -15,11 +15,13 @@ from opentelemetry import trace
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2
 from services.common import errors, token_bytes
 from services.common.errors import InternalError, InvalidRequestError, MeshError
+from services.common.message_reuse import MessageStore
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
 from services.parse import convert
 from services.parse.continuation import Continued, FinishedStream
+from services.parse.conversation import ChatMessage, Conversation
 from services.parse.limits import RequestLimits
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
@@ -45,7 +47,9 @@ INLINE_BUILD_MESSAGES = 64
 
 
 def _small(request: chat_pb2.ChatRequest) -> bool:
-    return len(request.messages) <= INLINE_BUILD_MESSAGES and request.ByteSize() <= INLINE_BUILD_BYTES
+    """A request with a messages base continues a conversation of at least ``MIN_REUSE_BYTES``: never small."""
+    return (not request.HasField("messages_base") and len(request.messages) <= INLINE_BUILD_MESSAGES
+            and request.ByteSize() <= INLINE_BUILD_BYTES)
 
 
 class ParseService(parse_pb2_grpc.ParseServicer):
@@ -62,6 +66,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         limits: RequestLimits | None = None,
         router_info: RouterInfo | router_pb2_grpc.RouterStub | None = None,
         prefix_state: PrefixState | None = None,
+        messages: MessageStore[ChatMessage] | None = None,
     ) -> None:
         self.metrics = metrics or ParseMetrics()
         self._format = model_format
@@ -73,6 +78,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         self.speculative = SpeculativePrefiller(model_format, router)  # issue 5: speculative prefill hook
         self._prefix_watch = prefix_watch or PrefixWatch(model_format.decode, on_break=self._count_break)
         self._prefix_state = prefix_state or LocalPrefixState()  # memory, or shared by replicas (prefix_state.py)
+        self.messages = messages or MessageStore()  # conversations the gateway sends as their new messages
 
     def _count_break(self, report: PrefixBreak) -> None:
         self.metrics.prefix_breaks.labels(str(report.in_output).lower()).inc()
@@ -110,7 +116,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         pulled = asyncio.ensure_future(self._prefix_state.pull(self._prefix_watch, session)) if shared else None
         try:
             continued = Continued.from_proto(request.continuation) if request.HasField("continuation") else None
-            prompt, max_tokens = await self._prompt(request, attrs)
+            conversation, prompt, max_tokens = await self._prompt(request, attrs)
         except MeshError as err:
             if pulled is not None:
                 pulled.cancel()
@@ -212,22 +218,28 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                 if shared:
                     await self._prefix_state.push(self._prefix_watch, session)  # after the last token, before EOF
             if spec_turn is not None and spec_worker:
-                self.speculative.after_turn(request, spec_turn, request_id=request_id, worker_id=spec_worker)
+                self.speculative.after_turn(request, spec_turn, request_id=request_id, worker_id=spec_worker,
+                                            conversation=conversation)
             log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),
                      tool_calls=pipeline.tool_calls)
 
-    async def _prompt(self, request: chat_pb2.ChatRequest, attrs: dict[str, str]) -> tuple[Prompt, int]:
-        """The rendered prompt and the ``max_tokens`` the router gets (see :meth:`ModelFormat.fit_max_tokens`)."""
+    async def _prompt(
+        self, request: chat_pb2.ChatRequest, attrs: dict[str, str]
+    ) -> tuple[Conversation, Prompt, int]:
+        """The conversation, its rendered prompt and the ``max_tokens`` the router gets (see
+        :meth:`ModelFormat.fit_max_tokens`)."""
         with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
             started = time.monotonic()
-            self._limits.check(request)
-            conversation = convert.conversation_from_proto(request)
+            held = self.messages.held(request)  # the messages before request.messages, when it has a base
+            self._limits.check(request, held=len(held))
+            conversation = convert.conversation_from_proto(request, held)
+            self.messages.keep(request, conversation.messages, convert.message_size)
             session = session_key(request.identity)
             if _small(request):  # bounded work (see _small): a thread handoff would cost more than the build
                 prompt = self._format.build_prompt(conversation, session=session)
             else:
                 prompt = await asyncio.to_thread(self._format.build_prompt, conversation, session=session)
-            span.set_attributes({"prompt.tokens": len(prompt.token_ids), "prompt.messages": len(request.messages),
+            span.set_attributes({"prompt.tokens": len(prompt.token_ids), "prompt.messages": len(conversation.messages),
                                  "prompt.tools": len(request.tools), "prompt.build": prompt.build,
                                  "prompt.build_reason": prompt.build_reason,
                                  "prompt.reused_tokens": prompt.reused_tokens})
@@ -236,7 +248,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             self.metrics.prompt_builds.labels(prompt.build, prompt.build_reason).inc()
             self.metrics.prompt_reused_tokens.inc(prompt.reused_tokens)
             # The cap is clamped here, where the prompt is known (a prompt with no room left fails in this span).
-            return prompt, self._format.fit_max_tokens(len(prompt.token_ids), request.sampling.max_tokens)
+            return conversation, prompt, self._format.fit_max_tokens(len(prompt.token_ids), request.sampling.max_tokens)
 
     async def Tokenize(
         self, request: parse_pb2.TokenizeRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -244,6 +256,9 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         try:
             kind = request.WhichOneof("input")
             if kind == "chat":
+                if request.chat.HasField("messages_base"):
+                    raise InvalidRequestError("a messages base is for Chat only: send every message",
+                                              param="chat.messages_base")
                 self._limits.check(request.chat)
                 prompt = await asyncio.to_thread(
                     self._format.build_prompt, convert.conversation_from_proto(request.chat))

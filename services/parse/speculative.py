@@ -20,7 +20,7 @@ from services.api import chat_pb2, worker_pb2
 from services.common import token_bytes
 from services.common.prompt_reuse import ReusingStub
 from services.parse import convert
-from services.parse.conversation import ChatMessage, Part, ReasoningPart, TextPart, ToolCallPart
+from services.parse.conversation import ChatMessage, Conversation, Part, ReasoningPart, TextPart, ToolCallPart
 from services.parse.model_format import ModelFormat
 from services.parse.parsers.events import Event, ReasoningDelta, TextDelta, ToolCallDispatch
 
@@ -59,9 +59,12 @@ class TurnRecorder:
 
 def next_turn_request(
     fmt: ModelFormat, request: chat_pb2.ChatRequest, recorder: TurnRecorder, *, request_id: str, worker_id: str,
+    conversation: Conversation | None = None,
 ) -> worker_pb2.GenerateRequest:
-    """The prefill-only request for the predicted next-turn prefix (see module docstring)."""
-    conversation = convert.conversation_from_proto(request)
+    """The prefill-only request for the predicted next-turn prefix (see module docstring). ``conversation``:
+    the request's, as the turn converted it (required when the request came as its new messages only)."""
+    if conversation is None:
+        conversation = convert.conversation_from_proto(request)
     predicted = replace(conversation, messages=(*conversation.messages, recorder.message()),
                         add_generation_prompt=False, continue_final_message=False)
     prompt = fmt.build_prompt(predicted)
@@ -83,16 +86,16 @@ class SpeculativePrefiller:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def after_turn(self, request: chat_pb2.ChatRequest, recorder: TurnRecorder, *, request_id: str,
-                   worker_id: str) -> None:
-        task = asyncio.create_task(self._run(request, recorder, request_id, worker_id))
+                   worker_id: str, conversation: Conversation | None = None) -> None:
+        task = asyncio.create_task(self._run(request, recorder, request_id, worker_id, conversation))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, request: chat_pb2.ChatRequest, recorder: TurnRecorder, request_id: str,
-                   worker_id: str) -> None:
+                   worker_id: str, conversation: Conversation | None) -> None:
         try:
             msg = await asyncio.to_thread(next_turn_request, self._format, request, recorder,
-                                          request_id=request_id, worker_id=worker_id)
+                                          request_id=request_id, worker_id=worker_id, conversation=conversation)
             async for _frame in self._router.Generate(msg):
                 pass
             log.info("parse.speculative_prefill_done", request_id=request_id, worker_id=worker_id,

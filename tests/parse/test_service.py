@@ -9,11 +9,14 @@ from typing import Any, cast
 import grpc
 import pytest
 
+from gateway.parse_client import ParseClient
 from services.api import chat_pb2, common_pb2, parse_pb2, parse_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2
-from services.common import mux, token_bytes
+from services.common import message_reuse, mux, token_bytes
 from services.common.grpc_util import GrpcServer, open_channel
+from services.common.message_reuse import MessageStore
 from services.common.model_dir import load_model_dir
 from services.launcher.supervisor import free_port
+from services.parse import convert
 from services.parse.metrics import ParseMetrics
 from services.parse.model_format import ModelFormat, Prompt
 from services.parse.server import RunningParse, start
@@ -274,7 +277,7 @@ async def test_session_turns_build_incrementally_and_are_counted() -> None:
     ])
     anonymous = chat_request()
     anonymous.identity.anonymous = True
-    prompts = [(await service._prompt(r, {}))[0] for r in (first, second, anonymous)]
+    prompts = [(await service._prompt(r, {}))[1] for r in (first, second, anonymous)]
     assert [(p.build, p.build_reason) for p in prompts] == [
         ("full", "new_key"), ("incremental", "extends"), ("full", "anonymous")]
     assert list(prompts[1].token_ids) == DEMO.tokenizer.encode(prompts[1].text, add_special_tokens=False).ids
@@ -352,3 +355,72 @@ async def test_a_router_lost_mid_stream_is_continued_with_the_tokens_so_far(
     (usage,) = [e.usage for e in events if e.HasField("usage")]
     assert usage.completion_tokens == len(ids)  # 8 from the lost stream + the rest
     assert usage.prompt_tokens == token_bytes.count(first.token_ids_u32) and usage.cached_tokens == 3
+
+
+def _next_turn(request: chat_pb2.ChatRequest) -> chat_pb2.ChatRequest:
+    out = chat_pb2.ChatRequest()
+    out.CopyFrom(request)
+    out.messages.extend([
+        chat_pb2.Message(role="assistant", parts=[chat_pb2.Part(text="Checking.")]),
+        chat_pb2.Message(role="user", parts=[chat_pb2.Part(text="And in Rome?")]),
+    ])
+    return out
+
+
+async def _events(client: ParseClient, request: chat_pb2.ChatRequest) -> list[str]:
+    return [e.WhichOneof("event") or "" async for batch in client.chat(request) for e in batch.events]
+
+
+async def test_a_next_turn_reaches_parse_as_its_new_messages_and_renders_as_whole(
+    mesh: tuple[FakeRouter, Any, RunningParse], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router, _, parse = mesh
+    monkeypatch.setattr(message_reuse, "MIN_REUSE_BYTES", 16)  # the fixture's model has a 4k context
+    channel = open_channel(parse.address, None)
+    client = ParseClient(channel)
+    first = chat_request()
+    second = _next_turn(first)
+    expected = parse.model_format.build_prompt(convert.conversation_from_proto(_next_turn(chat_request())))
+    try:
+        for request in (first, second):
+            assert (await _events(client, request))[-1] == "finish"
+    finally:
+        await channel.close()
+    assert parse.servicer is not None
+    assert (client.messages.shortened, parse.servicer.messages.rebuilt) == (1, 1)
+    assert token_bytes.unpack(router.requests[-1].token_ids_u32) == list(expected.token_ids)
+
+
+async def test_parse_without_the_base_refuses_and_the_gateway_sends_the_turn_whole(
+    mesh: tuple[FakeRouter, Any, RunningParse], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router, _, parse = mesh
+    monkeypatch.setattr(message_reuse, "MIN_REUSE_BYTES", 16)
+    assert parse.servicer is not None
+    channel = open_channel(parse.address, None)
+    client = ParseClient(channel)
+    try:
+        await _events(client, chat_request())
+        parse.servicer.messages = MessageStore()  # as after a parse restart
+        events = await _events(client, _next_turn(chat_request()))
+    finally:
+        await channel.close()
+    assert events.count("started") == 1 and events[-1] == "finish"
+    assert (parse.servicer.messages.refused, parse.servicer.messages.rebuilt) == (1, 0)
+    assert len(router.requests) == 2  # the refused request never reached the router
+
+
+async def test_a_client_cannot_name_a_base_parse_holds(mesh: tuple[FakeRouter, Any, RunningParse]) -> None:
+    _, stub, parse = mesh
+    channel = open_channel(parse.address, None)
+    client = ParseClient(channel)
+    forged = chat_request()
+    forged.messages_base.count = 1
+    forged.messages_key = "s:someone-else"
+    try:
+        assert (await _events(client, forged))[-1] == "finish"  # the gateway cleared both fields
+    finally:
+        await channel.close()
+    with pytest.raises(grpc.aio.AioRpcError) as info:  # straight to parse: only Chat takes a base
+        await stub.Tokenize(parse_pb2.TokenizeRequest(chat=forged))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

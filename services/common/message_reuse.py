@@ -1,0 +1,199 @@
+"""Message reuse across the gateway -> parse hop: a conversation's next turn travels as its new messages.
+
+An agent's next request repeats every message of the one before and adds a few: at 100k tokens that is
+~240 KB per turn, serialized by the gateway, carried over gRPC, parsed, checked against the limits and
+converted again by the parse service (~2 ms of a cached turn's time to first token, measured). So the
+gateway (:class:`MessageSender`, one per parse channel) remembers the messages it last sent under each key
+(:func:`conversation_key`: the session and trajectory, or for an anonymous request its opening messages),
+and the next request under that key carries ``messages_base`` (how many leading messages it shares with
+that one, and their digest) and only the messages after them. The parse service (:class:`MessageStore`)
+keeps, per key, the digests of the last conversation's messages and what it made of each (its converted
+messages), so a shared message is neither sent nor converted again.
+
+The digest of the first ``n`` messages is a chain: ``d(n) = xxh3_64(message n's bytes, seed=d(n-1))``, so
+both sides extend it by the new messages only. A parse replica that does not hold the base (evicted,
+restarted, another conversation stored under the key since, or the request reached another replica)
+answers FAILED_PRECONDITION (:class:`~services.common.errors.PromptBaseUnknownError`) and the gateway
+sends the whole request again, once, before any event reached its client. Both sides are LRU maps bounded
+in bytes. ``messages_base`` and ``messages_key`` are the gateway's alone: :func:`strip` clears what a
+client of the gRPC edge put there.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import xxhash
+from prometheus_client import CollectorRegistry
+
+from services.api import chat_pb2, common_pb2
+from services.common.errors import PromptBaseUnknownError
+from services.common.metrics import CounterCallback
+
+MIN_REUSE_BYTES = 16 * 1024     # a shorter shared prefix is as cheap to send again
+DEFAULT_MAX_BYTES = 256 << 20   # per sender / store: ~1,000 conversations of 100k tokens
+_CONTENT_KEY_MESSAGES = 2       # an anonymous conversation's key: the digest of its first two messages
+
+T = TypeVar("T")
+
+
+def chain(digest: int, blob: bytes) -> int:
+    """The digest of a prefix of messages one message longer (``digest`` 0: the empty prefix)."""
+    return xxhash.xxh3_64_intdigest(blob, seed=digest)
+
+
+def chain_all(blobs: Sequence[bytes], digest: int = 0) -> list[int]:
+    """The prefix digests after each of ``blobs``, starting from ``digest``."""
+    out = []
+    for blob in blobs:
+        digest = chain(digest, blob)
+        out.append(digest)
+    return out
+
+
+def conversation_key(identity: common_pb2.Identity, blobs: Sequence[bytes]) -> str:
+    """The key a conversation's turns share: its session (and trajectory), else its opening messages."""
+    if identity.session_id and not identity.anonymous:
+        return f"s:{identity.session_id}/{identity.trajectory_id}"
+    if len(blobs) < _CONTENT_KEY_MESSAGES:
+        return ""
+    return f"c:{chain_all(blobs[:_CONTENT_KEY_MESSAGES])[-1]:016x}"
+
+
+def strip(request: chat_pb2.ChatRequest) -> None:
+    """Clear the reuse fields in place (a client's request must not name what parse holds)."""
+    request.ClearField("messages_base")
+    request.ClearField("messages_key")
+
+
+@dataclass(frozen=True)
+class _Sent:
+    blobs: list[bytes]
+    digests: list[int]
+    size: int
+
+
+class _Lru(Generic[T]):
+    """Values by key with a byte size each, least recently used evicted beyond ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._items: OrderedDict[str, tuple[T, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str) -> T | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: str, value: T, size: int) -> None:
+        self.pop(key)
+        if size > self.max_bytes:
+            return
+        self._items[key] = (value, size)
+        self.size += size
+        while self.size > self.max_bytes:
+            _, (_, old) = self._items.popitem(last=False)
+            self.size -= old
+
+    def pop(self, key: str) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self.size -= item[1]
+
+
+class MessageSender:
+    """Gateway side, one per parse channel: the messages last sent under each key."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._sent: _Lru[_Sent] = _Lru(max_bytes)
+        self.shortened = 0  # requests sent as their new messages only
+
+    def shorten(self, request: chat_pb2.ChatRequest) -> chat_pb2.ChatRequest | None:
+        """Set ``request.messages_key`` and return the request to send instead: a copy with only the
+        messages after what the receiver holds, or None (send ``request`` whole)."""
+        blobs = [m.SerializeToString() for m in request.messages]
+        key = conversation_key(request.identity, blobs)
+        if not key:
+            return None
+        request.messages_key = key
+        last = self._sent.get(key)
+        shared = 0
+        if last is not None:
+            limit = min(len(last.blobs), len(blobs))
+            while shared < limit and last.blobs[shared] == blobs[shared]:
+                shared += 1
+        digests = last.digests[:shared] if last is not None else []
+        digests += chain_all(blobs[shared:], digests[-1] if digests else 0)
+        size = sum(map(len, blobs))
+        self._sent.put(key, _Sent(blobs, digests, size), size)
+        if not shared or sum(map(len, blobs[:shared])) < MIN_REUSE_BYTES:
+            return None
+        short = chat_pb2.ChatRequest()
+        short.CopyFrom(request)
+        del short.messages[:shared]
+        short.messages_base.count = shared
+        short.messages_base.digest = digests[shared - 1]
+        self.shortened += 1
+        return short
+
+
+@dataclass(frozen=True)
+class _Held(Generic[T]):
+    digests: list[int]
+    values: list[T]
+
+
+class MessageStore(Generic[T]):
+    """Parse side: per key, the last conversation's message digests and converted messages (``T``)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._held: _Lru[_Held[T]] = _Lru(max_bytes)
+        self.rebuilt = 0   # requests that came as their new messages and were made whole
+        self.refused = 0   # bases not held here (the gateway sent the request whole again)
+
+    def held(self, request: chat_pb2.ChatRequest) -> list[T]:
+        """The converted messages ``request.messages_base`` stands for (none without a base); raise
+        :class:`PromptBaseUnknownError` when they are not held here."""
+        if not request.HasField("messages_base"):
+            return []
+        base = request.messages_base
+        line = self._held.get(request.messages_key)
+        if line is None or base.count == 0 or len(line.digests) < base.count \
+                or line.digests[base.count - 1] != base.digest:
+            self.refused += 1
+            raise PromptBaseUnknownError(
+                f"messages base {request.messages_key!r} ({base.count} messages) is not held here")
+        self.rebuilt += 1
+        return line.values[:base.count]
+
+    def keep(self, request: chat_pb2.ChatRequest, values: Sequence[T], size: Callable[[T], int]) -> None:
+        """Hold ``values`` (every message of ``request``'s conversation, converted) under its key, for the
+        next turn's base; ``size`` estimates one value's bytes."""
+        key = request.messages_key
+        if not key:
+            return
+        count = request.messages_base.count if request.HasField("messages_base") else 0
+        line = self._held.get(key) if count else None
+        start = line.digests[count - 1] if line is not None else 0
+        digests = (line.digests[:count] if line is not None else []) + chain_all(
+            [m.SerializeToString() for m in request.messages], start)
+        if len(digests) != len(values):
+            raise ValueError(f"{len(values)} converted messages for {len(digests)} messages")
+        self._held.put(key, _Held(digests, list(values)), sum(map(size, values)))
+
+
+def watch(registry: CollectorRegistry, store: MessageStore[T]) -> None:
+    """``harnessmesh_message_reuse_bases_total{outcome}``: requests that came as their new messages and were
+    made whole (rebuilt), or refused (their base was not held; the gateway sent them whole again)."""
+    registry.register(CounterCallback(
+        "harnessmesh_message_reuse_bases", "Chat requests that came as the messages after a base, by outcome.",
+        ("outcome",), lambda: {("rebuilt",): float(store.rebuilt), ("refused",): float(store.refused)}))
