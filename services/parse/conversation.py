@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +95,36 @@ class TemplateInput:
     continue_final_message: bool = False
 
 
+class MessageDicts:
+    """The template dicts of recently rendered messages, by message *identity* (thread-safe, bounded).
+
+    A conversation the parse service holds between turns (``services.common.message_reuse``) hands its next
+    render the very same message objects, so their dicts (and the tool-call arguments parsed into them) are
+    made once per session rather than once per turn. A dict is shared by every render that gets it: a
+    template cannot change it (the immutable sandbox), and the renderer hands it over as it is.
+    """
+
+    def __init__(self, max_messages: int = 100_000) -> None:
+        """At most ``max_messages`` dicts; past it the least recently made go first."""
+        self._max = max_messages
+        self._items: OrderedDict[int, tuple[ChatMessage, tuple[Any, ...], dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, message: ChatMessage, how: tuple[Any, ...]) -> dict[str, Any] | None:
+        """``message``'s dict made the same ``how`` (replay, billing, arguments), or None."""
+        item = self._items.get(id(message))
+        if item is None or item[0] is not message or item[1] != how:
+            return None
+        return item[2]
+
+    def put(self, message: ChatMessage, how: tuple[Any, ...], made: dict[str, Any]) -> None:
+        with self._lock:  # the entry keeps the message alive, so its id names no other object meanwhile
+            self._items[id(message)] = (message, how, made)
+            self._items.move_to_end(id(message))
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)
+
+
 def strip_billing_header(text: str) -> str:
     """Drop Claude Code's per-session ``x-anthropic-billing-header:`` lines (they break prefix caching)."""
     return BILLING_HEADER.sub("", text) if "x-anthropic-billing-header:" in text else text
@@ -104,11 +136,13 @@ def to_template_input(
     strip_billing: bool = True,
     arguments_as_text: bool = False,
     replay: ReplayPolicy = ReplayPolicy(),  # noqa: B008 - frozen, shared default
+    memo: MessageDicts | None = None,
 ) -> TemplateInput:
     """Translate ``conversation`` into chat-template inputs; bad JSON raises InvalidRequestError naming the field.
 
     ``arguments_as_text`` hands tool-call arguments over as the JSON text the model wrote (DeepSeek's
-    templates concatenate them) instead of a mapping; ``replay`` says what happens to reasoning.
+    templates concatenate them) instead of a mapping; ``replay`` says what happens to reasoning. ``memo``
+    keeps each message's dict for the next render of the same message object (see :class:`MessageDicts`).
     """
     if not conversation.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
@@ -123,14 +157,16 @@ def to_template_input(
     if replay.keep_history and TRUNCATE_KWARG not in kwargs:
         kwargs[TRUNCATE_KWARG] = False
     last_user = max((i for i, m in enumerate(conversation.messages) if m.role == "user"), default=-1)
-    messages = [
-        _message_dict(
-            _replayed(m, replay, drop_reasoning=truncate and i < last_user),
-            strip_billing=strip_billing and m.role in _NOISY_ROLES,
-            arguments_as_text=arguments_as_text,
-        )
-        for i, m in enumerate(conversation.messages)
-    ]
+    messages = []
+    for i, m in enumerate(conversation.messages):
+        how = (truncate and i < last_user, strip_billing and m.role in _NOISY_ROLES, arguments_as_text, replay)
+        made = memo.get(m, how) if memo is not None else None
+        if made is None:
+            made = _message_dict(_replayed(m, replay, drop_reasoning=how[0]), strip_billing=how[1],
+                                 arguments_as_text=arguments_as_text)
+            if memo is not None:
+                memo.put(m, how, made)
+        messages.append(made)
     tools = [_tool_dict(i, t) for i, t in enumerate(conversation.tools)] or None
     return TemplateInput(
         messages=messages,

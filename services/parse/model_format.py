@@ -11,7 +11,7 @@ import xxhash
 
 from services.common.errors import ContextLengthError
 from services.common.model_dir import ModelDir
-from services.parse.conversation import Conversation, match_text, to_template_input
+from services.parse.conversation import Conversation, MessageDicts, match_text, to_template_input
 from services.parse.parsers.pipeline import IncrementalDetokenizer, MarkerIds, OutputPipeline, carried_call_ids
 from services.parse.parsers.registry import (
     REASONING_MARKERS,
@@ -101,12 +101,13 @@ class ModelFormat:
         encoder = model_dir.encoder
         self.prompt_cache = prompt_cache or PromptCache(
             encoder.encode, boundary_tokens(model_dir.tokenizer, encoder.encode))
+        self.message_dicts = MessageDicts()  # a held conversation's messages are turned into dicts once
 
     def render(self, conversation: Conversation) -> str:
         strip = conversation.strip_billing_header
         return self.renderer.render(to_template_input(
             conversation, strip_billing=self._strip_billing if strip is None else strip,
-            arguments_as_text=self.renderer.arguments_as_text, replay=self.replay,
+            arguments_as_text=self.renderer.arguments_as_text, replay=self.replay, memo=self.message_dicts,
         ))
 
     def build_prompt(self, conversation: Conversation, *, session: str = "") -> Prompt:

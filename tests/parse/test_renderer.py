@@ -13,6 +13,7 @@ from services.common.model_dir import load_model_dir
 from services.parse.conversation import (
     ChatMessage,
     Conversation,
+    MessageDicts,
     ReasoningPart,
     TextPart,
     ToolCallPart,
@@ -23,6 +24,7 @@ from services.parse.conversation import (
 )
 from services.parse.model_format import ModelFormat
 from services.parse.renderer import ChatTemplateRenderer
+from services.parse.replay import ReplayPolicy
 
 WEATHER = ToolSpec("get_weather", "Weather of a city", '{"type": "object", "properties": {"city": {"type": "string"}}}')
 
@@ -206,3 +208,19 @@ def test_a_render_past_its_budget_stops_with_a_400_naming_it() -> None:
     assert info.value.http_status == 400 and info.value.param == "messages"
     small = to_template_input(agent_conversation())
     assert budget.render(small) == unbounded.render(small)
+
+
+def test_kept_message_dicts_follow_how_a_later_turn_replays_an_earlier_message() -> None:
+    """The same assistant message is replayed with its reasoning while it is the last turn and without it once
+    a user message follows (``truncate_history_thinking``): a kept dict is reused only when made the same way."""
+    policy = ReplayPolicy(mode="reinsert")
+    assistant = ChatMessage("assistant", (ReasoningPart("Think first."), TextPart("Done.")))
+    first = Conversation(messages=(ChatMessage("user", (TextPart("Go."),)), assistant),
+                         template_kwargs_json='{"truncate_history_thinking": true}')
+    second = dataclasses.replace(first, messages=(*first.messages, ChatMessage("user", (TextPart("Again."),))))
+    memo = MessageDicts()
+    for turn in (first, second, first):
+        assert to_template_input(turn, replay=policy, memo=memo).messages == \
+            to_template_input(turn, replay=policy).messages
+    assert "Think first." in str(to_template_input(first, replay=policy, memo=memo).messages[1])
+    assert "Think first." not in str(to_template_input(second, replay=policy, memo=memo).messages[1])
