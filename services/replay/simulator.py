@@ -53,7 +53,7 @@ def to_router_events(events: list[eng.KvEvent]) -> list[KvEvent]:
     out: list[KvEvent] = []
     for e in events:
         if isinstance(e, eng.KvStored):
-            out.append(StoredEvent(e.event_id, tuple(map(_block_hash, e.blocks))))
+            out.append(StoredEvent(e.event_id, tuple(map(_block_hash, e.blocks)), parent=e.parent_hash, chained=True))
         elif isinstance(e, eng.KvRemoved):
             out.append(RemovedEvent(e.event_id, e.block_hashes))
         else:
@@ -72,7 +72,9 @@ class Replay:
         # the router's pending-prefix index on the simulated clock (seconds), as a live kv router runs it
         pending = PendingPrefixes(config.pending_prefix_ttl, clock=lambda: self.now / 1000.0) \
             if config.mode == "kv" and config.pending_prefix_ttl > 0 else None
-        self.router = Router(KvIndex(), registry,
+        # The walk, not chain depths: a replay stores far more blocks than it places requests, and keeping
+        # depths costs more per stored block than it saves per match (long trace: 1.89 -> 2.24 s; same output).
+        self.router = Router(KvIndex(chains=False), registry,
                              PlacementPolicy(config.mode, config.overlap_weight, random.Random(config.seed),
                                              temperature=config.temperature), pending=pending)
         self.workers: dict[str, SimWorker] = {}

@@ -23,7 +23,9 @@ def kv_events(batch: kv_pb2.KvEventBatch) -> list[KvEvent]:
     for event in batch.events:
         kind = event.WhichOneof("event")
         if kind == "stored":
-            out.append(StoredEvent(event.event_id, tuple(b.block_hash for b in event.stored.blocks)))
+            stored = event.stored
+            out.append(StoredEvent(event.event_id, tuple(b.block_hash for b in stored.blocks),
+                                   parent=stored.parent_hash if stored.has_parent else None, chained=True))
         elif kind == "removed":
             out.append(RemovedEvent(event.event_id, tuple(event.removed.block_hashes)))
         elif kind == "cleared":

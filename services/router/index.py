@@ -1,9 +1,17 @@
 """The KV index: which worker holds which prefix block, built from the workers' KV events.
 
 Keys are chained block hashes (see ``services.common.block_hash``): a block's hash names its whole
-prefix, so each worker is one set of hashes, and matching a request walks its block hashes in order per
-candidate, stopping at the first block that candidate lacks — O(matched blocks) per candidate, at C
-speed, independent of how many blocks the index holds. Events are set updates in bulk.
+prefix, so each worker is one set of hashes. Events are set updates in bulk.
+
+Matching a request asks, per candidate, how many leading blocks of the prompt it holds. With ``chains``
+on (the router's default) the index also keeps, for each held block whose every ancestor is held too, its
+*depth* (its position in the chain, from the first block), from the stored events' parent links: then
+"the first ``i`` blocks are held" is one lookup, ``depth[hashes[i - 1]] == i``, and the answer is a binary
+search, ~17 lookups for a 100k-token prompt where a walk takes thousands (~1 ms). A removed block takes
+its descendants' depths with it, and a block stored again gives them back. A worker whose chains the
+index cannot know (its state came from a dump, which lists blocks without parents, or an event without
+them) is matched by the walk: per candidate, a scan of its own block set that stops at the first block it
+lacks (C-speed, ``takewhile`` over ``__contains__``). Both give the same answer (a property test holds it).
 
 Event ids are consecutive per worker. A worker's state is *synced* while every id has been applied in
 order. An id that skips ahead (a lost NATS message) makes :meth:`KvIndex.apply` return True: the
@@ -22,10 +30,13 @@ from itertools import takewhile
 
 @dataclass(frozen=True)
 class StoredEvent:
-    """Blocks now held by a worker (each the child of the one before)."""
+    """Blocks now held by a worker (each the child of the one before). ``chained``: ``parent`` is the first
+    block's parent hash (None: the first block starts a chain); not chained, the index cannot place them."""
 
     event_id: int
     block_hashes: tuple[int, ...]
+    parent: int | None = None
+    chained: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,12 +63,84 @@ class _WorkerState:
     last_event_id: int = 0
     synced: bool = False
     pending: list[KvEvent] = field(default_factory=list)
+    chains: _Chains | None = None  # None: matched by the walk
+
+
+class _Chains:
+    """Parent links of a worker's held blocks, their held children, and the depth of each block whose every
+    ancestor is held (see module docstring)."""
+
+    __slots__ = ("children", "depth", "parent")
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int | None] = {}
+        self.children: dict[int, list[int]] = {}  # held children, also of a parent no longer held
+        self.depth: dict[int, int] = {}
+
+    def stored(self, parent: int | None, hashes: Sequence[int]) -> None:
+        parents, children, depth = self.parent, self.children, self.depth
+        d = 0 if parent is None else depth.get(parent, -1)  # -1: some ancestor is not held
+        for h in hashes:
+            if h not in parents:
+                parents[h] = parent
+                if parent is not None:
+                    children.setdefault(parent, []).append(h)
+                if d >= 0:
+                    d += 1
+                    depth[h] = d
+                    if h in children:
+                        self._deepen(h, d)
+            else:  # held already (stored again): its chain is what it was
+                d = depth.get(h, -1)
+            parent = h
+
+    def _deepen(self, root: int, d: int) -> None:
+        """``root`` has depth ``d`` now: held descendants below it regain theirs."""
+        stack = [(root, d)]
+        while stack:
+            block, at = stack.pop()
+            for child in self.children.get(block, ()):
+                if child not in self.depth:
+                    self.depth[child] = at + 1
+                    stack.append((child, at + 1))
+
+    def removed(self, hashes: Iterable[int]) -> None:
+        parents, children, depth = self.parent, self.children, self.depth
+        for h in hashes:
+            if h not in parents:
+                continue
+            parent = parents.pop(h)
+            if parent is not None:
+                siblings = children.get(parent)
+                if siblings is not None:
+                    siblings.remove(h)
+                    if not siblings:
+                        del children[parent]
+            if h in depth:  # it and every descendant with a depth lose it
+                stack = [h]
+                while stack:
+                    if depth.pop(block := stack.pop(), None) is not None:
+                        stack.extend(children.get(block, ()))
+
+    def matched(self, block_hashes: Sequence[int]) -> int:
+        """How many leading blocks are held: the largest ``i`` with ``depth[block_hashes[i - 1]] == i``."""
+        depth = self.depth
+        lo, hi = 0, len(block_hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if depth.get(block_hashes[mid - 1]) == mid:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 class KvIndex:
     """Each worker's block set (block hashes) and event position."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, chains: bool = True) -> None:
+        """``chains``: keep block depths for matching in O(log n) lookups (see module docstring)."""
+        self._chains = chains
         self._workers: dict[str, _WorkerState] = {}
         self.gaps_seen = 0
         self.events_applied = 0
@@ -68,7 +151,7 @@ class KvIndex:
         """Apply one worker's events in order; True when a gap was found and the worker needs repair."""
         state = self._workers.get(worker_id)
         if state is None:
-            state = self._workers[worker_id] = _WorkerState()
+            state = self._workers[worker_id] = self._new_state()
         if not state.synced:
             state.pending.extend(events)
             if state.last_event_id == 0 and state.pending and state.pending[0].event_id == 1:
@@ -77,22 +160,32 @@ class KvIndex:
             return bool(state.pending)
         return self._apply_in_order(worker_id, state, list(events))
 
+    def _new_state(self) -> _WorkerState:
+        return _WorkerState(chains=_Chains() if self._chains else None)
+
+    def _state(self, worker_id: str) -> _WorkerState:
+        state = self._workers.get(worker_id)
+        if state is None:
+            state = self._workers[worker_id] = self._new_state()
+        return state
+
     def begin_recovery(self, worker_id: str) -> None:
         """Hold this worker's events back until a replay or dump repairs it."""
-        state = self._workers.setdefault(worker_id, _WorkerState())
+        state = self._state(worker_id)
         state.synced = False
 
     def apply_replay(self, worker_id: str, events: Sequence[KvEvent]) -> bool:
         """Events fetched from the worker after a gap; True if a gap remains (ask for a dump)."""
-        state = self._workers.setdefault(worker_id, _WorkerState())
+        state = self._state(worker_id)
         state.pending = sorted([*events, *state.pending], key=lambda e: e.event_id)
         state.synced = True
         return self._drain(worker_id, state)
 
     def apply_dump(self, worker_id: str, last_event_id: int, block_hashes: Iterable[int]) -> bool:
         """Replace the worker's block set with a dump taken at ``last_event_id``; True if a gap remains."""
-        state = self._workers.setdefault(worker_id, _WorkerState())
+        state = self._state(worker_id)
         state.blocks = set(block_hashes)
+        state.chains = None  # a dump lists blocks, not their parents: matched by the walk from now on
         state.last_event_id = last_event_id
         state.synced = True
         return self._drain(worker_id, state)
@@ -112,12 +205,21 @@ class KvIndex:
                 return True
             state.last_event_id = event.event_id
             self.events_applied += 1
+            chains = state.chains
             if isinstance(event, StoredEvent):
                 state.blocks.update(event.block_hashes)
+                if chains is not None:
+                    if event.chained:
+                        chains.stored(event.parent, event.block_hashes)
+                    else:
+                        state.chains = None
             elif isinstance(event, RemovedEvent):
                 state.blocks.difference_update(event.block_hashes)
+                if chains is not None:
+                    chains.removed(event.block_hashes)
             else:
                 state.blocks = set()
+                state.chains = _Chains() if self._chains else None  # nothing held: every chain known again
         return False
 
     def remove_worker(self, worker_id: str) -> None:
@@ -126,13 +228,18 @@ class KvIndex:
     # -- queries --------------------------------------------------------------------------------
 
     def overlaps(self, block_hashes: Sequence[int], candidates: Iterable[str]) -> dict[str, int]:
-        """Leading blocks of ``block_hashes`` each candidate holds (0 for none): per candidate, a scan of its
-        own block set that stops at the first block it lacks (C-speed, ``takewhile`` over ``__contains__``)."""
+        """Leading blocks of ``block_hashes`` each candidate holds (0 for none): by chain depths, else by the
+        walk (see module docstring)."""
         workers = self._workers
         result: dict[str, int] = {}
         for worker in candidates:
             state = workers.get(worker)
-            result[worker] = 0 if state is None else len(list(takewhile(state.blocks.__contains__, block_hashes)))
+            if state is None:
+                result[worker] = 0
+            elif state.chains is not None:
+                result[worker] = state.chains.matched(block_hashes)
+            else:
+                result[worker] = len(list(takewhile(state.blocks.__contains__, block_hashes)))
         return result
 
     def block_count(self, worker_id: str) -> int:
