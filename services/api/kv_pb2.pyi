@@ -279,20 +279,34 @@ class KvDump(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     LAST_EVENT_ID_FIELD_NUMBER: _builtins.int
     BLOCK_HASHES_FIELD_NUMBER: _builtins.int
+    CHAINED_FIELD_NUMBER: _builtins.int
+    PARENT_HASHES_FIELD_NUMBER: _builtins.int
+    HAS_PARENT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     last_event_id: _builtins.int
+    chained: _builtins.bool
+    """With `chained`: each block's parent, parallel to block_hashes (has_parent false: the block starts a chain),
+    so the router's index knows the chains again (services/router/index.py). Without: blocks only.
+    """
     @_builtins.property
     def block_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def parent_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def has_parent(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         last_event_id: _builtins.int = ...,
         block_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        chained: _builtins.bool = ...,
+        parent_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        has_parent: _abc.Iterable[_builtins.bool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hashes", b"block_hashes", "last_event_id", b"last_event_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hashes", b"block_hashes", "chained", b"chained", "has_parent", b"has_parent", "last_event_id", b"last_event_id", "parent_hashes", b"parent_hashes", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,8 +9,8 @@ on (the router's default) the index also keeps, for each held block whose every 
 "the first ``i`` blocks are held" is one lookup, ``depth[hashes[i - 1]] == i``, and the answer is a binary
 search, ~17 lookups for a 100k-token prompt where a walk takes thousands (~1 ms). A removed block takes
 its descendants' depths with it, and a block stored again gives them back. A worker whose chains the
-index cannot know (its state came from a dump, which lists blocks without parents, or an event without
-them) is matched by the walk: per candidate, a scan of its own block set that stops at the first block it
+index cannot know (its state came from a dump without parents, or an event without them) is matched by
+the walk: per candidate, a scan of its own block set that stops at the first block it
 lacks (C-speed, ``takewhile`` over ``__contains__``). Both give the same answer (a property test holds it).
 
 Event ids are consecutive per worker. A worker's state is *synced* while every id has been applied in
@@ -181,11 +181,18 @@ class KvIndex:
         state.synced = True
         return self._drain(worker_id, state)
 
-    def apply_dump(self, worker_id: str, last_event_id: int, block_hashes: Iterable[int]) -> bool:
-        """Replace the worker's block set with a dump taken at ``last_event_id``; True if a gap remains."""
+    def apply_dump(self, worker_id: str, last_event_id: int, block_hashes: Sequence[int],
+                   parents: Sequence[int | None] | None = None) -> bool:
+        """Replace the worker's block set with a dump taken at ``last_event_id``; True if a gap remains.
+        ``parents``: each block's parent (None: a first block); without them the worker is matched by the
+        walk until its cache is cleared."""
         state = self._state(worker_id)
         state.blocks = set(block_hashes)
-        state.chains = None  # a dump lists blocks, not their parents: matched by the walk from now on
+        state.chains = None
+        if parents is not None and self._chains:
+            state.chains = chains = _Chains()
+            for block, parent in zip(block_hashes, parents, strict=True):  # any order: depths follow parents
+                chains.stored(parent, (block,))
         state.last_event_id = last_event_id
         state.synced = True
         return self._drain(worker_id, state)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
@@ -20,6 +21,16 @@ from services.router.registry import WorkerEndpoint, WorkerRegistry
 log = structlog.get_logger()
 
 
+@dataclass(frozen=True)
+class Dump:
+    """A worker's whole cached block set as of ``last_event_id``; ``parents``: each block's parent, parallel
+    to ``block_hashes`` (None: a first block), when the worker sent them (the index then keeps its chains)."""
+
+    last_event_id: int
+    block_hashes: Sequence[int]
+    parents: Sequence[int | None] | None = None
+
+
 class RecoverySource(Protocol):
     """How to ask a worker for its events or its whole block set."""
 
@@ -27,8 +38,8 @@ class RecoverySource(Protocol):
         """Events from ``from_event_id`` to the newest; None when the worker's buffer no longer has them."""
         ...
 
-    async def dump(self, endpoint: WorkerEndpoint) -> tuple[int, Sequence[int]]:
-        """``(last_event_id, block_hashes)``: the worker's whole cached block set."""
+    async def dump(self, endpoint: WorkerEndpoint) -> Dump:
+        """The worker's whole cached block set."""
         ...
 
 
@@ -84,10 +95,12 @@ class KvRecoverer:
                                      events=len(events))
                             return
                         continue  # still a gap (events lost again meanwhile): replay again
-                last_id, blocks = await self._source.dump(endpoint)
+                dumped = await self._source.dump(endpoint)
                 self.dumps += 1
-                if not self._index.apply_dump(worker_id, last_id, blocks):
-                    log.info("router.kv_dumped", worker_id=worker_id, last_event_id=last_id, blocks=len(blocks))
+                if not self._index.apply_dump(worker_id, dumped.last_event_id, dumped.block_hashes,
+                                              dumped.parents):
+                    log.info("router.kv_dumped", worker_id=worker_id, last_event_id=dumped.last_event_id,
+                             blocks=len(dumped.block_hashes))
                     return
                 dump = False
             except Exception as exc:  # worker unreachable: its heartbeat expiry will remove it

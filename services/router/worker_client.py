@@ -15,6 +15,7 @@ from services.common.tracing import Tracing
 from services.router import convert
 from services.router.index import KvEvent
 from services.router.proxy import RequestRejected, WorkerFailure
+from services.router.recovery import Dump
 from services.router.registry import WorkerEndpoint
 from services.router.stream import AttemptRequest, Frame
 
@@ -125,7 +126,9 @@ class GrpcRecoverySource:
         reply = await stub.Replay(kv_pb2.KvReplayRequest(from_event_id=from_event_id), timeout=self._timeout)
         return convert.kv_events(reply.batch) if reply.complete else None
 
-    async def dump(self, endpoint: WorkerEndpoint) -> tuple[int, Sequence[int]]:
+    async def dump(self, endpoint: WorkerEndpoint) -> Dump:
         stub = kv_pb2_grpc.KvRecoveryStub(self._channels.channel(endpoint.address))
         reply = await stub.Dump(kv_pb2.KvDumpRequest(), timeout=self._timeout)
-        return reply.last_event_id, list(reply.block_hashes)
+        parents = [p if has else None for p, has in zip(reply.parent_hashes, reply.has_parent, strict=True)] \
+            if reply.chained else None
+        return Dump(reply.last_event_id, list(reply.block_hashes), parents)

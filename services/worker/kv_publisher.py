@@ -3,7 +3,7 @@
 * KV events: every batch drained from ``engine.kv_events()`` becomes one ``KvEventBatch`` on
   ``harnessmesh.NS.kv.WORKER_ID``. Event ids are consecutive per worker (assigned by the engine).
   The last ``buffer_size`` published events are kept in :attr:`KvPublisher.recent` for replay, and the
-  set of cached blocks they describe in :attr:`KvPublisher.blocks` for dumps (``kv_recovery.py``), so
+  cached blocks they describe, with each one's parent, in :attr:`KvPublisher.blocks` for dumps (``kv_recovery.py``), so
   recovery works the same for every engine.
 * Heartbeats (carrying the id of the last published event, so a router notices a lost final event): a
   ``WorkerHeartbeat`` on start, every ``interval`` seconds, at once in answer to any
@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import structlog
@@ -57,7 +58,7 @@ class KvPublisher:
         self._namespace = namespace
         self._interval = interval
         self.recent: deque[kv_pb2.KvEvent] = deque(maxlen=buffer_size)
-        self.blocks: set[int] = set()
+        self.blocks: dict[int, int | None] = {}  # cached block -> its parent (None: a first block)
         self.last_event_id = 0
         self.kv_subject = subjects.kv_events(namespace, self._worker_id)
         self._events = engine.kv_events()  # subscribe now so nothing emitted after this is lost
@@ -99,9 +100,10 @@ class KvPublisher:
     def _track(self, events: list[KvEvent]) -> None:
         for event in events:
             if isinstance(event, KvStored):
-                self.blocks.update(b.block_hash for b in event.blocks)
+                hashes = [b.block_hash for b in event.blocks]
+                self.blocks.update(zip(hashes, [event.parent_hash, *hashes[:-1]], strict=True))
             elif isinstance(event, KvRemoved):
-                self.blocks.difference_update(event.block_hashes)
+                deque(map(self.blocks.pop, event.block_hashes, repeat(None)), maxlen=0)
             else:
                 self.blocks.clear()
             self.last_event_id = event.event_id

@@ -34,5 +34,7 @@ class KvRecoveryServicer(kv_pb2_grpc.KvRecoveryServicer):
 
     async def Dump(self, request: kv_pb2.KvDumpRequest, context: Context) -> kv_pb2.KvDump:  # type: ignore[override]
         pub = self._publisher
-        return kv_pb2.KvDump(worker_id=self._worker_id, last_event_id=pub.last_event_id,
-                             block_hashes=sorted(pub.blocks))
+        blocks = sorted(pub.blocks.items())
+        return kv_pb2.KvDump(worker_id=self._worker_id, last_event_id=pub.last_event_id, chained=True,
+                             block_hashes=[h for h, _ in blocks], parent_hashes=[p or 0 for _, p in blocks],
+                             has_parent=[p is not None for _, p in blocks])

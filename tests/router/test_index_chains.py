@@ -4,8 +4,8 @@ Blocks form a random forest: a block's hash names its whole prefix, so each node
 a prompt is a root-to-node path (then blocks nobody holds). Generated event streams store path segments
 (with their first block's parent, which may or may not be held), remove any held blocks (a parent before
 its children, a whole subtree, a middle block), clear, and sometimes bring an unchained event or a dump
-(no parents: the walk from then on). After every event, every path, and every path continued by unknown
-blocks, gets the same overlap from both indexes.
+(with the parents, as workers send it: chains rebuilt; without: the walk from then on). After every
+event, every path, and every path continued by unknown blocks, gets the same overlap from both indexes.
 """
 
 from __future__ import annotations
@@ -63,9 +63,11 @@ def test_chain_depths_match_the_walk_after_every_event(seed: int, script: list[O
         elif kind == "clear":
             event = ClearedEvent(event_id)
             held.clear()
-        else:
+        else:  # a dump, with the parents (as a worker sends it) or, for the "dump" op's odd sizes, without
+            blocks = sorted(held)
+            links = [parents[b] for b in blocks] if size % 2 else None
             for index in (chained, walked):
-                index.apply_dump("w", event_id, sorted(held))
+                index.apply_dump("w", event_id, blocks, links)
             continue
         for index in (chained, walked):
             assert index.apply("w", [event]) is False
@@ -96,3 +98,11 @@ def test_without_parents_the_index_walks_and_a_clear_brings_chains_back(breaker:
     assert index.overlaps([1, 2, 7], ["w"]) == {"w": 3}  # the walk: 7 is held, whatever its parent
     index.apply("w", [ClearedEvent(3), StoredEvent(4, (1, 2), parent=None, chained=True)])
     assert index.overlaps([1, 2, 7], ["w"]) == {"w": 2}
+
+
+def test_a_dump_with_parents_keeps_the_chains() -> None:
+    index = KvIndex()
+    index.apply_dump("w", 9, [4, 3, 2, 1], [3, 2, 1, None])  # any order
+    assert index.overlaps([1, 2, 3, 4, 5], ["w"]) == {"w": 4}
+    state = index._workers["w"]
+    assert state.chains is not None and state.chains.depth == {1: 1, 2: 2, 3: 3, 4: 4}

@@ -13,7 +13,7 @@ from services.router import convert
 from services.router.admission import AdmissionQueue
 from services.router.index import KvEvent, KvIndex, StoredEvent
 from services.router.policy import PlacementPolicy
-from services.router.recovery import KvRecoverer
+from services.router.recovery import Dump, KvRecoverer
 from services.router.registry import WorkerEndpoint, WorkerLoad, WorkerRegistry
 from services.router.stream import StreamProgress
 
@@ -61,8 +61,8 @@ class FakeSource:
             return None
         return [e for e in self.log if e.event_id >= from_event_id]
 
-    async def dump(self, endpoint: WorkerEndpoint) -> tuple[int, Sequence[int]]:
-        return self.log[-1].event_id, sorted(self.blocks)
+    async def dump(self, endpoint: WorkerEndpoint) -> Dump:
+        return Dump(self.log[-1].event_id, sorted(self.blocks))
 
 
 def setup(buffer_from: int) -> tuple[KvIndex, KvRecoverer, list[KvEvent], FakeSource]:

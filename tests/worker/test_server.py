@@ -13,7 +13,7 @@ import grpc
 import nats
 import pytest
 
-from services.api import common_pb2, kv_pb2, worker_pb2, worker_pb2_grpc
+from services.api import common_pb2, kv_pb2, kv_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common import subjects, token_bytes
 from services.common.block_hash import sequence_hashes
 from services.common.grpc_util import open_channel
@@ -59,7 +59,14 @@ async def test_generate_stream_and_kv_events(worker: RunningWorker, nats_url: st
     channel, stub = await stub_for(worker)
     prompt = list(range(200, 264))
     frames = [f async for f in stub.Generate(gen_request(prompt, request_id="g1", match_text="weather?"))]
+    await asyncio.sleep(0.1)  # the publisher drains the engine's events
+    dump = await kv_pb2_grpc.KvRecoveryStub(channel).Dump(kv_pb2.KvDumpRequest())
     await channel.close()
+    # the dump gives each block's parent, so a router that repairs from it keeps its chains (router/index.py)
+    parent_of = {h: (p if has else None)
+                 for h, p, has in zip(dump.block_hashes, dump.parent_hashes, dump.has_parent, strict=True)}
+    hashes = sequence_hashes(prompt, 16)
+    assert dump.chained and [parent_of[h] for h in hashes[:4]] == [None, *hashes[:3]]
 
     assert frames[0].HasField("prompt")
     assert frames[0].prompt.prompt_tokens == 64 and frames[0].prompt.worker_id == worker.worker_id
