@@ -82,11 +82,10 @@ def heartbeat_to_proto(info: worker_pb2.WorkerInfo, stats: EngineStats, leaving:
 def event_to_proto(event: KvEvent) -> kv_pb2.KvEvent:
     msg = kv_pb2.KvEvent(event_id=event.event_id)
     if isinstance(event, KvStored):
+        hashes, ids, counts = zip(*event.blocks, strict=True) if event.blocks else ((), (), ())
         msg.stored.CopyFrom(kv_pb2.BlocksStored(
-            parent_hash=event.parent_hash or 0,
-            has_parent=event.parent_hash is not None,
-            blocks=[kv_pb2.StoredBlock(block_hash=b.block_hash, engine_block_id=b.engine_block_id,
-                                       token_count=b.token_count) for b in event.blocks],
+            parent_hash=event.parent_hash or 0, has_parent=event.parent_hash is not None,
+            block_hashes=hashes, engine_block_ids=ids, token_counts=counts,
         ))
     elif isinstance(event, KvRemoved):
         msg.removed.CopyFrom(kv_pb2.BlocksRemoved(block_hashes=event.block_hashes))

@@ -83,7 +83,7 @@ async def test_generate_stream_and_kv_events(worker: RunningWorker, nats_url: st
     events = [e for b in batches for e in b.events]
     assert all(b.worker_id == worker.worker_id for b in batches)
     assert [e.event_id for e in events] == list(range(1, len(events) + 1))
-    stored = [blk.block_hash for e in events if e.HasField("stored") for blk in e.stored.blocks]
+    stored = [h for e in events if e.HasField("stored") for h in e.stored.block_hashes]
     assert stored[:4] == sequence_hashes(prompt, 16)
     assert not events[0].stored.has_parent
     assert list(worker.publisher.recent) == events
