@@ -69,6 +69,9 @@ class _Watch:
         return self._set
 
 
+_NO_WATCH = _Watch([])
+
+
 @dataclass
 class _Probe:
     """The last :meth:`BlockManager.probe_prefix`: its answer holds while ``epoch`` is current."""
@@ -130,7 +133,7 @@ class BlockManager:
         self._next_event_id = 1
         self._lru_epoch = 0                 # bumped whenever a block enters the LRU list or moves in it
         self._probe: _Probe | None = None   # the last probe_prefix (see there)
-        self._watch = _Watch([])            # its inactive prefix blocks: one leaving the list voids it
+        self._watch = _NO_WATCH             # its inactive prefix blocks: one leaving the list voids it
         self.pending_events: list[KvEvent] = []
         self._on_event = on_event if on_event is not None else self.pending_events.append
 
@@ -214,9 +217,9 @@ class BlockManager:
         if leaving or newest:
             deque(map(inactive.pop, leaving, repeat(None)), maxlen=0)
             if probe is not None:
-                self._probe = None  # it was this sequence's, now admitted
+                self._void_probe()  # it was this sequence's, now admitted
             elif self._watch and not self._watch.isdisjoint(leaving):  # (no probe: no newest run either)
-                self._probe = None
+                self._void_probe()
         seq.hashes = hashes
         seq.length = len(hashes) * self.block_size
         seq.tail = []
@@ -254,6 +257,12 @@ class BlockManager:
         self._watch = _Watch(prefix[held : held + run] + list(filter(inactive.__contains__, rest[:hits])))
         self._probe = _Probe(seq, limit, matched, self._lru_epoch, held, run)
         return matched, len(self._watch)
+
+    def _void_probe(self) -> None:
+        """The last probe no longer holds; its watch goes with it (nothing is checked against it until the next
+        probe: an admission consumed it, and a later eviction would otherwise build its set for nothing)."""
+        self._probe = None
+        self._watch = _NO_WATCH
 
     def _valid_probe(self, seq: KvSequence, limit: int) -> _Probe | None:
         """The last probe when it was of ``seq`` with this ``limit`` and still holds (see :meth:`probe_prefix`)."""
@@ -383,7 +392,7 @@ class BlockManager:
         if block_hash in self._inactive:
             del self._inactive[block_hash]
             if block_hash in self._watch:
-                self._probe = None
+                self._void_probe()
         else:
             self._shared[block_hash] = self._shared.get(block_hash, 0) + 1
 
@@ -396,7 +405,7 @@ class BlockManager:
         victim = next(iter(inactive))
         del inactive[victim]
         if victim in self._watch:
-            self._probe = None
+            self._void_probe()
         removed.append(victim)
         return self._full.pop(victim)
 
@@ -415,7 +424,7 @@ class BlockManager:
                 raise KeyError("no free or inactive block left")  # callers check available_blocks first
             deque(map(inactive.pop, victims), maxlen=0)
             if self._watch and not self._watch.isdisjoint(victims):
-                self._probe = None
+                self._void_probe()
             removed.extend(victims)
             ids.extend(map(self._full.pop, victims))
         return ids
@@ -514,8 +523,17 @@ class BlockManager:
 
 
 def _common_length(a: list[int], b: list[int]) -> int:
-    """How many leading items ``a`` and ``b`` share (list compare first: identical objects need no look)."""
+    """How many leading items ``a`` and ``b`` share: list compares (identical objects need no look), whole
+    first, then by halving the rest, so a prompt whose last blocks differ costs ~2n pointer compares, not a
+    Python-level compare per block (~0.25 ms at 6,000 blocks)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
-    return len(list(takewhile(bool, map(eq, a, b))))
+    lo, hi = 0, n - 1  # a[:lo] == b[:lo]; the first difference is at index hi or before
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
