@@ -10,6 +10,8 @@ from datetime import datetime
 from typing import Any, cast
 
 import jinja2
+from jinja2.runtime import LoopContext
+from jinja2.utils import Namespace
 from transformers.utils.chat_template_utils import (
     _alias_reasoning_fields,
     _compile_jinja_template,
@@ -55,6 +57,14 @@ _CHECK_EVERY = 256
 
 # Every attribute a plain dict instance has (its type's and object's): any other name is a key lookup.
 _DICT_ATTRIBUTES = frozenset(dir(dict))
+# Types whose public attributes the immutable sandbox always allows (none is internal or a known mutable):
+# ``message.content.strip``, ``loop.last``, ``ns.prev``. Only ``str.format`` / ``format_map`` values need its
+# wrapping. Read straight, ~2-5 us less each (~130 per 100k-token render).
+_PLAIN_ATTRIBUTE_TYPES = frozenset({str, LoopContext, Namespace})
+_FORMAT_METHODS = frozenset({"format", "format_map"})
+
+
+_MISSING = object()
 
 
 class _BudgetExceeded(Exception):
@@ -80,13 +90,18 @@ def _install_budget(env: Any) -> None:
 
     def budget_getattr(obj: Any, attribute: str) -> Any:
         check()
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+        cls = type(obj)
+        if cls is dict and attribute not in _DICT_ATTRIBUTES:
             # ``message.content`` on a plain dict: what the sandbox does (getattr fails, so the item or
             # undefined), without raising and catching AttributeError first
             try:
                 return obj[attribute]
             except KeyError:
                 return undefined(obj=obj, name=attribute)
+        if cls in _PLAIN_ATTRIBUTE_TYPES and not attribute.startswith("_") and attribute not in _FORMAT_METHODS:
+            value = getattr(obj, attribute, _MISSING)
+            if value is not _MISSING and getattr(value, "__name__", None) not in _FORMAT_METHODS:
+                return value  # what the sandbox returns for it (see _PLAIN_ATTRIBUTE_TYPES)
         return getattr_(obj, attribute)
 
     def budget_getitem(obj: Any, argument: Any) -> Any:

@@ -1,8 +1,11 @@
-"""The renderer's fast path for ``dict.key`` gives what Hugging Face's sandboxed render gives.
+"""The renderer's fast paths for ``dict.key`` (and a string's, a loop's, a namespace's public attributes) give
+what Hugging Face's sandboxed render gives.
 
 ``services.parse.renderer`` answers attribute access on a plain dict without the sandbox's
-raise-and-catch of ``AttributeError``; every case below is rendered by ``transformers`` itself too
-(its own compiled template, a fresh sandbox without our hooks) and the two must agree.
+raise-and-catch of ``AttributeError``, and reads a str's, loop's or namespace's public attributes straight
+(only ``format`` / ``format_map`` keep the sandbox's wrapping); every case below is rendered by
+``transformers`` itself too (its own compiled template, a fresh sandbox without our hooks) and the two must
+agree.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ TEMPLATES = {
               "{% endfor %}" + END,
     "item syntax": EACH + "{{ m['role'] }}{{ m['items'] is string }}{{ m.items is string }}" + END,
     "namespace": "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+    "string methods": EACH + "{{ m.role.upper() }}{{ m.content.strip().startswith('b') }}{{ m.role.nope }}|" + END,
+    "loop": EACH + "{{ loop.index0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.nope }}|" + END,
+    "namespace attributes": "{% set ns = namespace(prev='', f='{}'.format) %}" + EACH
+                            + "{{ ns.prev }}{% set ns.prev = m.role %}{{ ns.nope }}|" + END + "{{ ns.f('x') }}",
+    "str.format stays sandboxed": EACH + "{{ '{}:{}'.format(m.role, loop.index) }}" + END,
 }
 
 
@@ -50,3 +58,23 @@ def test_private_names_stay_refused() -> None:
     with pytest.raises((InvalidRequestError, jinja2.exceptions.SecurityError)):
         ChatTemplateRenderer("{{ messages[0].__class__.__subclasses__() }}", {}).render(
             TemplateInput(messages=MESSAGES))
+
+
+def _outcome(render: object) -> str:
+    try:
+        return str(render())  # type: ignore[operator]
+    except (InvalidRequestError, jinja2.exceptions.SecurityError, jinja2.exceptions.UndefinedError) as exc:
+        return f"refused: {type(exc).__name__}"
+
+
+@pytest.mark.parametrize("template", [
+    "{{ '{0.__class__}'.format(messages) }}",
+    "{{ '{a.__class__}'.format_map({'a': 1}) }}",
+    "{% set ns = namespace(f='{0.__class__}'.format) %}{{ ns.f(messages) }}",
+    "{{ 'x'.__class__ }}",
+    "{{ loop }}{% for m in messages %}{{ loop.__class__ }}{% endfor %}",
+])
+def test_format_and_private_attributes_of_plain_objects_stay_sandboxed(template: str) -> None:
+    ours = _outcome(lambda: ChatTemplateRenderer(template, {}).render(TemplateInput(messages=MESSAGES)))
+    theirs = _outcome(lambda: reference(template))
+    assert ours == theirs and "class" not in ours  # the sandbox's answer: nothing leaks
