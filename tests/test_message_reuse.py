@@ -109,12 +109,15 @@ def test_another_conversation_under_the_same_key_fails_the_digest() -> None:
         store.held(short)
 
 
-def test_a_short_conversation_goes_whole_but_is_kept_for_the_next_turn() -> None:
-    sender = MessageSender()
+def test_a_short_conversation_goes_whole_and_is_kept_nowhere() -> None:
+    sender, store = MessageSender(), MessageStore[str]()
     small = [message("system", 100, 0), message("user", 100, 1)]
-    assert sender.shorten(chat(small)) is None
-    assert sender.shorten(chat([*small, message("assistant", 100, 2)])) is None  # shares < MIN_REUSE_BYTES
+    for turn in (chat(small), chat([*small, message("assistant", 100, 2)])):
+        assert sender.shorten(turn) is None and not turn.messages_key  # parse keeps nothing either
+        converted(turn, store)
     assert sum(m.ByteSize() for m in small) < MIN_REUSE_BYTES
+    grown = chat([*small, message("assistant", 100, 2), message("tool", 2 * MIN_REUSE_BYTES, 3)])
+    assert sender.shorten(grown) is None and grown.messages_key  # long enough now: kept for the next turn
 
 
 def test_the_key_is_the_session_and_trajectory_else_the_opening_messages() -> None:

@@ -34,7 +34,7 @@ from services.common.errors import PromptBaseUnknownError
 from services.common.metrics import CounterCallback
 
 MIN_REUSE_BYTES = 16 * 1024     # a shorter shared prefix is as cheap to send again
-DEFAULT_MAX_BYTES = 256 << 20   # per sender / store: ~1,000 conversations of 100k tokens
+DEFAULT_MAX_BYTES = 256 << 20   # per sender / store: ~1,000 conversations of 100k tokens (240 KB each)
 _CONTENT_KEY_MESSAGES = 2       # an anonymous conversation's key: the digest of its first two messages
 
 T = TypeVar("T")
@@ -119,9 +119,12 @@ class MessageSender:
 
     def shorten(self, request: chat_pb2.ChatRequest) -> chat_pb2.ChatRequest | None:
         """Set ``request.messages_key`` and return the request to send instead: a copy with only the
-        messages after what the receiver holds, or None (send ``request`` whole)."""
+        messages after what the receiver holds, or None (send ``request`` whole). A conversation shorter
+        than ``MIN_REUSE_BYTES`` is neither shortened nor kept on either side (a next turn could reuse
+        too little of it to pay)."""
         blobs = [m.SerializeToString() for m in request.messages]
-        key = conversation_key(request.identity, blobs)
+        size = sum(map(len, blobs))
+        key = conversation_key(request.identity, blobs) if size >= MIN_REUSE_BYTES else ""
         if not key:
             return None
         request.messages_key = key
@@ -133,7 +136,6 @@ class MessageSender:
                 shared += 1
         digests = last.digests[:shared] if last is not None else []
         digests += chain_all(blobs[shared:], digests[-1] if digests else 0)
-        size = sum(map(len, blobs))
         self._sent.put(key, _Sent(blobs, digests, size), size)
         if not shared or sum(map(len, blobs[:shared])) < MIN_REUSE_BYTES:
             return None

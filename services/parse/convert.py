@@ -96,9 +96,10 @@ def _message(message: chat_pb2.Message) -> ChatMessage:
 
 
 def message_size(message: ChatMessage) -> int:
-    """About the bytes ``message`` holds (what a message store counts against its bound)."""
-    return 64 + sum(len(p.arguments_json) + len(p.name) if isinstance(p, ToolCallPart) else len(p.text)
-                    for p in message.parts)
+    """About the bytes ``message`` takes in memory, objects included (what a message store counts against its
+    bound)."""
+    return 200 + sum(100 + (len(p.arguments_json) + len(p.name) if isinstance(p, ToolCallPart) else len(p.text))
+                     for p in message.parts)
 
 
 def generate_request(
