@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import InvalidRequestError
+from services.parse import json_memo
 from services.parse.replay import TRUNCATE_KWARG, ReplayPolicy
 
 BILLING_HEADER = re.compile(r"^x-anthropic-billing-header:.*(?:\n|$)", re.MULTILINE)
@@ -125,6 +126,49 @@ class MessageDicts:
                 self._items.popitem(last=False)
 
 
+class ToolDicts:
+    """Template dicts and parameter schemas of recently seen tool lists, by content (thread-safe, bounded).
+
+    A harness sends the same tools every turn; their JSON Schemas (32-62 KB for Claude Code) are parsed
+    once per list, not twice per turn, and the dicts (shared by every render that gets them, like
+    :class:`MessageDicts`') are registered with :data:`services.parse.json_memo.MEMO`, so a template's
+    ``tool | tojson`` encodes each once too. A list with a bad tool is never kept (its error is raised).
+    """
+
+    def __init__(self, max_lists: int = 64) -> None:
+        self._max = max_lists
+        self._lists: OrderedDict[tuple[ToolSpec, ...], tuple[list[dict[str, Any]], dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def dicts(self, tools: tuple[ToolSpec, ...]) -> list[dict[str, Any]]:
+        """The tools' template dicts (as ``to_template_input`` makes them)."""
+        return self._entry(tools)[0]
+
+    def schemas(self, tools: tuple[ToolSpec, ...]) -> dict[str, Any]:
+        """Tool name -> parameters JSON Schema, for the tools whose schema is a JSON object."""
+        return self._entry(tools)[1]
+
+    def _entry(self, tools: tuple[ToolSpec, ...]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        if not tools:
+            return [], {}
+        entry = self._lists.get(tools)
+        if entry is not None:
+            return entry
+        made = [_tool_dict(i, t) for i, t in enumerate(tools)]
+        # as _tool_dict parsed it; no parameters: {} (the template gets the empty-object schema instead)
+        schemas = {t.name: d["function"]["parameters"] if t.parameters_json.strip() else {}
+                   for t, d in zip(tools, made, strict=True) if isinstance(d["function"]["parameters"], dict)}
+        with self._lock:
+            entry = self._lists.setdefault(tools, (made, schemas))
+            if entry[0] is made:
+                for d in made:
+                    json_memo.MEMO.register(d)
+            while len(self._lists) > self._max:
+                for d in self._lists.popitem(last=False)[1][0]:
+                    json_memo.MEMO.forget(d)
+        return entry
+
+
 def strip_billing_header(text: str) -> str:
     """Drop Claude Code's per-session ``x-anthropic-billing-header:`` lines (they break prefix caching)."""
     return BILLING_HEADER.sub("", text) if "x-anthropic-billing-header:" in text else text
@@ -137,12 +181,14 @@ def to_template_input(
     arguments_as_text: bool = False,
     replay: ReplayPolicy = ReplayPolicy(),  # noqa: B008 - frozen, shared default
     memo: MessageDicts | None = None,
+    tool_memo: ToolDicts | None = None,
 ) -> TemplateInput:
     """Translate ``conversation`` into chat-template inputs; bad JSON raises InvalidRequestError naming the field.
 
     ``arguments_as_text`` hands tool-call arguments over as the JSON text the model wrote (DeepSeek's
     templates concatenate them) instead of a mapping; ``replay`` says what happens to reasoning. ``memo``
-    keeps each message's dict for the next render of the same message object (see :class:`MessageDicts`).
+    keeps each message's dict for the next render of the same message object (see :class:`MessageDicts`),
+    ``tool_memo`` the tool list's dicts for its next render (see :class:`ToolDicts`).
     """
     if not conversation.messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
@@ -167,7 +213,10 @@ def to_template_input(
             if memo is not None:
                 memo.put(m, how, made)
         messages.append(made)
-    tools = [_tool_dict(i, t) for i, t in enumerate(conversation.tools)] or None
+    if tool_memo is not None:
+        tools = tool_memo.dicts(conversation.tools) or None
+    else:
+        tools = [_tool_dict(i, t) for i, t in enumerate(conversation.tools)] or None
     return TemplateInput(
         messages=messages,
         tools=tools,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +10,7 @@ import xxhash
 
 from services.common.errors import ContextLengthError
 from services.common.model_dir import ModelDir
-from services.parse.conversation import Conversation, MessageDicts, match_text, to_template_input
+from services.parse.conversation import Conversation, MessageDicts, ToolDicts, match_text, to_template_input
 from services.parse.parsers.pipeline import IncrementalDetokenizer, MarkerIds, OutputPipeline, carried_call_ids
 from services.parse.parsers.registry import (
     REASONING_MARKERS,
@@ -102,12 +101,14 @@ class ModelFormat:
         self.prompt_cache = prompt_cache or PromptCache(
             encoder.encode, boundary_tokens(model_dir.tokenizer, encoder.encode))
         self.message_dicts = MessageDicts()  # a held conversation's messages are turned into dicts once
+        self.tool_dicts = ToolDicts()  # and a tool list's schemas parsed (and encoded by tojson) once
 
     def render(self, conversation: Conversation) -> str:
         strip = conversation.strip_billing_header
         return self.renderer.render(to_template_input(
             conversation, strip_billing=self._strip_billing if strip is None else strip,
             arguments_as_text=self.renderer.arguments_as_text, replay=self.replay, memo=self.message_dicts,
+            tool_memo=self.tool_dicts,
         ))
 
     def build_prompt(self, conversation: Conversation, *, session: str = "") -> Prompt:
@@ -121,8 +122,8 @@ class ModelFormat:
         text = self.render(conversation)
         encoded = self.prompt_cache.encode(session or content_key(text), text)
         return Prompt(text=text, token_ids=encoded.token_ids, match_text=match_text(conversation),
-                      schemas=_schemas(conversation), build=encoded.build, build_reason=encoded.reason,
-                      reused_tokens=encoded.reused_tokens)
+                      schemas=self.tool_dicts.schemas(conversation.tools), build=encoded.build,
+                      build_reason=encoded.reason, reused_tokens=encoded.reused_tokens)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         if add_special_tokens:
@@ -163,15 +164,3 @@ class ModelFormat:
             self.markers,
         )
 
-
-def _schemas(conversation: Conversation) -> dict[str, Mapping[str, Any]]:
-    """Tool name -> parameters JSON Schema (for typing XML-style parameter values); bad JSON is skipped."""
-    out: dict[str, Mapping[str, Any]] = {}
-    for tool in conversation.tools:
-        try:
-            schema = json.loads(tool.parameters_json) if tool.parameters_json.strip() else {}
-        except json.JSONDecodeError:
-            continue
-        if isinstance(schema, dict):
-            out[tool.name] = schema
-    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from transformers.utils.chat_template_utils import (
 )
 
 from services.common.errors import InvalidRequestError
+from services.parse import json_memo
 from services.parse.conversation import TemplateInput
 
 Clock = Callable[[], datetime]
@@ -113,7 +115,20 @@ def _install_budget(env: Any) -> None:
         return call(__context, __obj, *args, **kwargs)
 
     env.getattr, env.getitem, env.call = budget_getattr, budget_getitem, budget_call
+    encode = env.filters.get("tojson")
+    if encode is not None:  # transformers' own (no HTML escaping); registered objects are encoded once
+        env.filters["tojson"] = functools.partial(_kept_tojson, encode)
     env._harnessmesh_budget = True
+
+
+def _kept_tojson(encode: Callable[..., str], value: Any, *args: Any, **kwargs: Any) -> str:
+    """``encode(value, ...)``, from :data:`services.parse.json_memo.MEMO` when ``value`` is registered there."""
+    try:
+        key = (args, tuple(sorted(kwargs.items())))
+        hash(key)
+    except TypeError:  # e.g. separators given as a list
+        return encode(value, *args, **kwargs)
+    return json_memo.MEMO.encoded(value, key, lambda: encode(value, *args, **kwargs))
 
 
 class ChatTemplateRenderer:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from services.common.errors import InvalidRequestError
-from services.parse.conversation import MessageDicts, to_template_input
+from services.parse.conversation import MessageDicts, ToolDicts, to_template_input
 from services.parse.renderer import ChatTemplateRenderer
 from tests.parse.support import FIXED_NOW, TEMPLATE_FIXTURES, conversation_from_openai
 
@@ -54,13 +54,14 @@ def test_reference_render(family: str, record: dict[str, Any]) -> None:
 @pytest.mark.parametrize("family", families() if TEMPLATE_FIXTURES.is_dir() else [])
 def test_message_dicts_kept_across_turns_render_as_fresh_ones(family: str) -> None:
     """A held conversation renders its next turns from the same message objects with their dicts kept
-    (``MessageDicts``); every prefix of every reference conversation renders as it does with fresh dicts,
-    also when a later user message changes how an earlier message is replayed."""
+    (``MessageDicts``), and its tools' dicts and ``tojson`` encodings too (``ToolDicts``); every prefix of
+    every reference conversation renders as it does with fresh dicts, also when a later user message changes
+    how an earlier message is replayed."""
     fam_dir = TEMPLATE_FIXTURES / family
     template = (fam_dir / "chat_template.jinja").read_text(encoding="utf-8")
     meta = json.loads((fam_dir / "reference" / "meta.json").read_text())
     conversations = json.loads((TEMPLATE_FIXTURES / "conversations.json").read_text(encoding="utf-8"))
-    memo = MessageDicts()
+    memo, tools = MessageDicts(), ToolDicts()
     checked = 0
     for record in meta["renders"]:
         if record["status"] == "error":
@@ -72,7 +73,8 @@ def test_message_dicts_kept_across_turns_render_as_fresh_ones(family: str) -> No
         for n in range(1, len(whole.messages) + 1):
             turn = dataclasses.replace(whole, messages=whole.messages[:n])
             fresh = to_template_input(turn, arguments_as_text=renderer.arguments_as_text)
-            kept = to_template_input(turn, arguments_as_text=renderer.arguments_as_text, memo=memo)
+            kept = to_template_input(turn, arguments_as_text=renderer.arguments_as_text, memo=memo,
+                                     tool_memo=tools)
             try:
                 expected = renderer.render(fresh)
             except InvalidRequestError:
