@@ -105,6 +105,7 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
         await engine.start()
         publisher = KvPublisher(nc, engine, info, namespace=settings.namespace,
                                 interval=settings.heartbeat_interval, buffer_size=settings.event_buffer,
+                                linger=settings.kv_events_linger_ms / 1000,
                                 registry=registry_writer(settings, nc, worker_id))
         kv_pb2_grpc.add_KvRecoveryServicer_to_server(KvRecoveryServicer(worker_id, publisher), server.server)
         await server.start()

@@ -152,6 +152,9 @@ class WorkerSettings(CommonSettings):
         "announces it is leaving (the router sends it nothing new), then serves what it has, then exits. "
         "Under `harnessmesh up` the launcher waits up to 10 s per child.")
     event_buffer: int = option(4096, "Recently published KV events kept for replay.")
+    kv_events_linger_ms: float = option(
+        2.0, "Least milliseconds between two KV event publishes: what the engine emits meanwhile goes in one "
+        "NATS message (the first events after a quiet spell go at once; 0: one message per engine step).")
 
     # -- the groups each engine is given ------------------------------------------------------------
 
@@ -212,6 +215,8 @@ class WorkerSettings(CommonSettings):
             raise ValueError(f"unknown timing model {self.timing_model!r}; valid: {', '.join(TIMING_MODELS)}")
         if self.heartbeat_interval <= 0:
             raise ValueError("--heartbeat-interval must be positive")
+        if self.kv_events_linger_ms < 0:
+            raise ValueError("--kv-events-linger-ms must not be negative")
         if self.registry_replicas < 1:
             raise ValueError("--registry-replicas must be at least 1")
         if self.drain_grace < 0:
