@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gateway.apis.canonical import identity_and_hints, mode_tool_choice, named_tool_choice, sampling_params
 from gateway.apis.openai_chat.models import (
@@ -17,6 +18,7 @@ from gateway.apis.openai_chat.models import (
     NamedToolChoice,
     ToolDef,
 )
+from gateway.converted_messages import ConvertedMessages
 from services.api import chat_pb2
 from services.common.errors import InvalidRequestError
 
@@ -89,9 +91,12 @@ def convert_tool_choice(
 
 
 def chat_request(
-    body: ChatCompletionRequest, headers: Mapping[str, str], *, model: str, request_id: str
+    body: ChatCompletionRequest, headers: Mapping[str, str], *, model: str, request_id: str,
+    raw_messages: Sequence[Any] | None = None, converted: ConvertedMessages | None = None,
 ) -> chat_pb2.ChatRequest:
-    """The canonical request for an OpenAI chat completion request."""
+    """The canonical request for an OpenAI chat completion request. With ``converted`` and the body's
+    ``raw_messages`` (as parsed, before validation), messages equal to a recent request's are not converted
+    again (``gateway.converted_messages``)."""
     tools = convert_tools(body.tools)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
     sampling = sampling_params(
@@ -105,7 +110,9 @@ def chat_request(
     return chat_pb2.ChatRequest(
         request_id=request_id,
         model=model,
-        messages=[convert_message(m, i) for i, m in enumerate(body.messages)],
+        messages=(converted.convert(raw_messages, lambda i: convert_message(body.messages[i], i))
+                  if converted is not None and raw_messages is not None and len(raw_messages) == len(body.messages)
+                  else [convert_message(m, i) for i, m in enumerate(body.messages)]),
         tools=tools,
         tool_choice=convert_tool_choice(body.tool_choice, tools),
         sampling=sampling,

@@ -11,6 +11,7 @@ from gateway.apis.openai_chat.convert import chat_request
 from gateway.apis.openai_chat.encode import ChunkEncoder, sse_event
 from gateway.apis.openai_chat.models import ChatCompletionRequest
 from gateway.boundary import new_request_id
+from gateway.converted_messages import ConvertedMessages
 from gateway.parse_client import ParseClient
 from gateway.streaming import Framing, TurnEndpoint, annotate_span, read_json
 
@@ -27,12 +28,15 @@ class ChatCompletions:
         self._parse = parse
         self._tool_dispatch = tool_dispatch
         self._endpoint = TurnEndpoint(FRAMING)
+        self.converted = ConvertedMessages()  # a next turn converts only its new messages
 
     async def handle(self, request: Request) -> Response:
-        body = ChatCompletionRequest.model_validate(await read_json(request))
+        raw = await read_json(request)
+        body = ChatCompletionRequest.model_validate(raw)
         public, info = await self._parse.resolve_model(body.model)
         completion_id = new_request_id(request, "chatcmpl-")
-        chat = chat_request(body, request.headers, model=info.served_model_name, request_id=completion_id)
+        chat = chat_request(body, request.headers, model=info.served_model_name, request_id=completion_id,
+                            raw_messages=raw.get("messages"), converted=self.converted)
         annotate_span(chat)
         include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
         encoder = ChunkEncoder(completion_id, public, int(time.time()), include_usage=include_usage,
