@@ -132,7 +132,9 @@ class ParseClient:
             request = _own(request)  # a resumed stream must keep its id; a continuation is ours alone to set
         message_reuse.strip(request)  # so is what parse holds
         turn = self.turns.begin(request) if self.turns is not None else None
-        short = self.messages.shorten(request)  # the messages after those parse holds (None: send it whole)
+        # the messages after those parse holds (None: send it whole; always, to a parse that predates bases)
+        short = self.messages.shorten(request) if self._model is not None and self._model.accepts_messages_base \
+            else None
         with turn.attached() if turn is not None else contextlib.nullcontext():
             call = self._chat(short or request, timeout=self._timeout)
         delivered = Delivered()

@@ -614,11 +614,16 @@ class ModelInfo(_message.Message):
     TOOL_PARSER_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
     INPUT_MODALITIES_FIELD_NUMBER: _builtins.int
+    ACCEPTS_MESSAGES_BASE_FIELD_NUMBER: _builtins.int
     served_model_name: _builtins.str
     max_model_len: _builtins.int
     reasoning_parser: _builtins.str
     tool_parser: _builtins.str
     created: _builtins.int
+    accepts_messages_base: _builtins.bool
+    """Between gateway and parse only (the gRPC edge clears it): this parse service takes ChatRequest.messages_base,
+    so a gateway may send a next turn as its new messages (a parse that predates it gets every message).
+    """
     @_builtins.property
     def input_modalities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """from the model's config.json: "text", plus "image" / "audio" """
@@ -632,10 +637,11 @@ class ModelInfo(_message.Message):
         tool_parser: _builtins.str = ...,
         created: _builtins.int = ...,
         input_modalities: _abc.Iterable[_builtins.str] | None = ...,
+        accepts_messages_base: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "input_modalities", b"input_modalities", "max_model_len", b"max_model_len", "reasoning_parser", b"reasoning_parser", "served_model_name", b"served_model_name", "tool_parser", b"tool_parser"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_messages_base", b"accepts_messages_base", "created", b"created", "input_modalities", b"input_modalities", "max_model_len", b"max_model_len", "reasoning_parser", b"reasoning_parser", "served_model_name", b"served_model_name", "tool_parser", b"tool_parser"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,33 +25,35 @@ _sym_db = _symbol_database.Default()
 from services.api import worker_pb2 as services_dot_api_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15services/api/kv.proto\x12\x0eharnessmesh.v1\x1a\x19services/api/worker.proto\"\x83\x01\n\x0c\x42locksStored\x12\x13\n\x0bparent_hash\x18\x01 \x01(\x04\x12\x12\n\nhas_parent\x18\x02 \x01(\x08\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x04\x12\x18\n\x10\x65ngine_block_ids\x18\x05 \x03(\x03\x12\x14\n\x0ctoken_counts\x18\x06 \x03(\x05J\x04\x08\x03\x10\x04\"%\n\rBlocksRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"\x0e\n\x0c\x43\x61\x63heCleared\"\xb7\x01\n\x07KvEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x04\x12.\n\x06stored\x18\x02 \x01(\x0b\x32\x1c.harnessmesh.v1.BlocksStoredH\x00\x12\x30\n\x07removed\x18\x03 \x01(\x0b\x32\x1d.harnessmesh.v1.BlocksRemovedH\x00\x12/\n\x07\x63leared\x18\x04 \x01(\x0b\x32\x1c.harnessmesh.v1.CacheClearedH\x00\x42\x07\n\x05\x65vent\"J\n\x0cKvEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x17.harnessmesh.v1.KvEvent\"\x93\x01\n\x0fWorkerHeartbeat\x12(\n\x04info\x18\x01 \x01(\x0b\x32\x1a.harnessmesh.v1.WorkerInfo\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\x12\x17\n\x0f\x61\x63tive_requests\x18\x03 \x01(\x05\x12\x15\n\ractive_blocks\x18\x04 \x01(\x05\x12\x15\n\rlast_event_id\x18\x05 \x01(\x04\"(\n\x0fKvReplayRequest\x12\x15\n\rfrom_event_id\x18\x01 \x01(\x04\"Q\n\x10KvReplayResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12+\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1c.harnessmesh.v1.KvEventBatch\"\x0f\n\rKvDumpRequest\"\x84\x01\n\x06KvDump\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rlast_event_id\x18\x02 \x01(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x04\x12\x0f\n\x07\x63hained\x18\x04 \x01(\x08\x12\x15\n\rparent_hashes\x18\x05 \x03(\x04\x12\x12\n\nhas_parent\x18\x06 \x03(\x08\x32\x98\x01\n\nKvRecovery\x12K\n\x06Replay\x12\x1f.harnessmesh.v1.KvReplayRequest\x1a .harnessmesh.v1.KvReplayResponse\x12=\n\x04\x44ump\x12\x1d.harnessmesh.v1.KvDumpRequest\x1a\x16.harnessmesh.v1.KvDumpb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15services/api/kv.proto\x12\x0eharnessmesh.v1\x1a\x19services/api/worker.proto\"O\n\x0bStoredBlock\x12\x12\n\nblock_hash\x18\x01 \x01(\x04\x12\x17\n\x0f\x65ngine_block_id\x18\x02 \x01(\x03\x12\x13\n\x0btoken_count\x18\x03 \x01(\x05\"\xaa\x01\n\x0c\x42locksStored\x12\x13\n\x0bparent_hash\x18\x01 \x01(\x04\x12\x12\n\nhas_parent\x18\x02 \x01(\x08\x12+\n\x06\x62locks\x18\x03 \x03(\x0b\x32\x1b.harnessmesh.v1.StoredBlock\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x04\x12\x18\n\x10\x65ngine_block_ids\x18\x05 \x03(\x03\x12\x14\n\x0ctoken_counts\x18\x06 \x03(\x05\"%\n\rBlocksRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"\x0e\n\x0c\x43\x61\x63heCleared\"\xb7\x01\n\x07KvEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x04\x12.\n\x06stored\x18\x02 \x01(\x0b\x32\x1c.harnessmesh.v1.BlocksStoredH\x00\x12\x30\n\x07removed\x18\x03 \x01(\x0b\x32\x1d.harnessmesh.v1.BlocksRemovedH\x00\x12/\n\x07\x63leared\x18\x04 \x01(\x0b\x32\x1c.harnessmesh.v1.CacheClearedH\x00\x42\x07\n\x05\x65vent\"J\n\x0cKvEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x17.harnessmesh.v1.KvEvent\"\x93\x01\n\x0fWorkerHeartbeat\x12(\n\x04info\x18\x01 \x01(\x0b\x32\x1a.harnessmesh.v1.WorkerInfo\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\x12\x17\n\x0f\x61\x63tive_requests\x18\x03 \x01(\x05\x12\x15\n\ractive_blocks\x18\x04 \x01(\x05\x12\x15\n\rlast_event_id\x18\x05 \x01(\x04\"(\n\x0fKvReplayRequest\x12\x15\n\rfrom_event_id\x18\x01 \x01(\x04\"Q\n\x10KvReplayResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12+\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1c.harnessmesh.v1.KvEventBatch\"\x0f\n\rKvDumpRequest\"\x84\x01\n\x06KvDump\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rlast_event_id\x18\x02 \x01(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x04\x12\x0f\n\x07\x63hained\x18\x04 \x01(\x08\x12\x15\n\rparent_hashes\x18\x05 \x03(\x04\x12\x12\n\nhas_parent\x18\x06 \x03(\x08\x32\x98\x01\n\nKvRecovery\x12K\n\x06Replay\x12\x1f.harnessmesh.v1.KvReplayRequest\x1a .harnessmesh.v1.KvReplayResponse\x12=\n\x04\x44ump\x12\x1d.harnessmesh.v1.KvDumpRequest\x1a\x16.harnessmesh.v1.KvDumpb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.api.kv_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BLOCKSSTORED']._serialized_start=69
-  _globals['_BLOCKSSTORED']._serialized_end=200
-  _globals['_BLOCKSREMOVED']._serialized_start=202
-  _globals['_BLOCKSREMOVED']._serialized_end=239
-  _globals['_CACHECLEARED']._serialized_start=241
-  _globals['_CACHECLEARED']._serialized_end=255
-  _globals['_KVEVENT']._serialized_start=258
-  _globals['_KVEVENT']._serialized_end=441
-  _globals['_KVEVENTBATCH']._serialized_start=443
-  _globals['_KVEVENTBATCH']._serialized_end=517
-  _globals['_WORKERHEARTBEAT']._serialized_start=520
-  _globals['_WORKERHEARTBEAT']._serialized_end=667
-  _globals['_KVREPLAYREQUEST']._serialized_start=669
-  _globals['_KVREPLAYREQUEST']._serialized_end=709
-  _globals['_KVREPLAYRESPONSE']._serialized_start=711
-  _globals['_KVREPLAYRESPONSE']._serialized_end=792
-  _globals['_KVDUMPREQUEST']._serialized_start=794
-  _globals['_KVDUMPREQUEST']._serialized_end=809
-  _globals['_KVDUMP']._serialized_start=812
-  _globals['_KVDUMP']._serialized_end=944
-  _globals['_KVRECOVERY']._serialized_start=947
-  _globals['_KVRECOVERY']._serialized_end=1099
+  _globals['_STOREDBLOCK']._serialized_start=68
+  _globals['_STOREDBLOCK']._serialized_end=147
+  _globals['_BLOCKSSTORED']._serialized_start=150
+  _globals['_BLOCKSSTORED']._serialized_end=320
+  _globals['_BLOCKSREMOVED']._serialized_start=322
+  _globals['_BLOCKSREMOVED']._serialized_end=359
+  _globals['_CACHECLEARED']._serialized_start=361
+  _globals['_CACHECLEARED']._serialized_end=375
+  _globals['_KVEVENT']._serialized_start=378
+  _globals['_KVEVENT']._serialized_end=561
+  _globals['_KVEVENTBATCH']._serialized_start=563
+  _globals['_KVEVENTBATCH']._serialized_end=637
+  _globals['_WORKERHEARTBEAT']._serialized_start=640
+  _globals['_WORKERHEARTBEAT']._serialized_end=787
+  _globals['_KVREPLAYREQUEST']._serialized_start=789
+  _globals['_KVREPLAYREQUEST']._serialized_end=829
+  _globals['_KVREPLAYRESPONSE']._serialized_start=831
+  _globals['_KVREPLAYRESPONSE']._serialized_end=912
+  _globals['_KVDUMPREQUEST']._serialized_start=914
+  _globals['_KVDUMPREQUEST']._serialized_end=929
+  _globals['_KVDUMP']._serialized_start=932
+  _globals['_KVDUMP']._serialized_end=1064
+  _globals['_KVRECOVERY']._serialized_start=1067
+  _globals['_KVRECOVERY']._serialized_end=1219
 # @@protoc_insertion_point(module_scope)

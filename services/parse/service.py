@@ -288,6 +288,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             tool_parser=fmt.tool_parser,
             created=self._created,
             input_modalities=input_modalities(fmt.model_dir.config),
+            accepts_messages_base=True,
         )
 
 

@@ -24,7 +24,8 @@ def kv_events(batch: kv_pb2.KvEventBatch) -> list[KvEvent]:
         kind = event.WhichOneof("event")
         if kind == "stored":
             stored = event.stored
-            out.append(StoredEvent(event.event_id, tuple(stored.block_hashes),
+            hashes = tuple(stored.block_hashes) or tuple(b.block_hash for b in stored.blocks)  # (older workers)
+            out.append(StoredEvent(event.event_id, hashes,
                                    parent=stored.parent_hash if stored.has_parent else None, chained=True))
         elif kind == "removed":
             out.append(RemovedEvent(event.event_id, tuple(event.removed.block_hashes)))

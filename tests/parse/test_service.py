@@ -382,6 +382,7 @@ async def test_a_next_turn_reaches_parse_as_its_new_messages_and_renders_as_whol
     second = _next_turn(first)
     expected = parse.model_format.build_prompt(convert.conversation_from_proto(_next_turn(chat_request())))
     try:
+        assert (await client.get_model()).accepts_messages_base  # (endpoints resolve the model first)
         for request in (first, second):
             assert (await _events(client, request))[-1] == "finish"
     finally:
@@ -400,6 +401,7 @@ async def test_parse_without_the_base_refuses_and_the_gateway_sends_the_turn_who
     channel = open_channel(parse.address, None)
     client = ParseClient(channel)
     try:
+        await client.get_model()
         await _events(client, chat_request())
         parse.servicer.messages = MessageStore()  # as after a parse restart
         events = await _events(client, _next_turn(chat_request()))
@@ -424,3 +426,21 @@ async def test_a_client_cannot_name_a_base_parse_holds(mesh: tuple[FakeRouter, A
     with pytest.raises(grpc.aio.AioRpcError) as info:  # straight to parse: only Chat takes a base
         await stub.Tokenize(parse_pb2.TokenizeRequest(chat=forged))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_parse_that_predates_bases_gets_every_message(
+    mesh: tuple[FakeRouter, Any, RunningParse], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, parse = mesh
+    monkeypatch.setattr(message_reuse, "MIN_REUSE_BYTES", 16)
+    channel = open_channel(parse.address, None)
+    client = ParseClient(channel)
+    try:
+        info = await client.get_model()
+        info.accepts_messages_base = False  # what an older parse's ModelInfo says (the field unset)
+        for request in (chat_request(), _next_turn(chat_request())):
+            assert (await _events(client, request))[-1] == "finish"
+    finally:
+        await channel.close()
+    assert parse.servicer is not None
+    assert (client.messages.shortened, parse.servicer.messages.rebuilt) == (0, 0)

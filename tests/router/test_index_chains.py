@@ -106,3 +106,14 @@ def test_a_dump_with_parents_keeps_the_chains() -> None:
     assert index.overlaps([1, 2, 3, 4, 5], ["w"]) == {"w": 4}
     state = index._workers["w"]
     assert state.chains is not None and state.chains.depth == {1: 1, 2: 2, 3: 3, 4: 4}
+
+
+def test_a_router_reads_the_stored_blocks_of_a_worker_that_predates_packed_arrays() -> None:
+    from services.api import kv_pb2
+    from services.router.convert import kv_events
+
+    old = kv_pb2.KvEventBatch(worker_id="w", events=[kv_pb2.KvEvent(event_id=1, stored=kv_pb2.BlocksStored(
+        blocks=[kv_pb2.StoredBlock(block_hash=h, engine_block_id=h, token_count=16) for h in (5, 6)]))])
+    new = kv_pb2.KvEventBatch(worker_id="w", events=[kv_pb2.KvEvent(event_id=1, stored=kv_pb2.BlocksStored(
+        block_hashes=[5, 6], engine_block_ids=[5, 6], token_counts=[16, 16]))])
+    assert kv_events(old) == kv_events(new) == [StoredEvent(1, (5, 6), parent=None, chained=True)]

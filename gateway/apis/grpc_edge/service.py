@@ -91,6 +91,7 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
         reply = chat_pb2.ModelInfo()
         reply.CopyFrom(info)
         reply.served_model_name = self._parse.public_name(info)
+        reply.ClearField("accepts_messages_base")  # between gateway and parse only
         return reply
 
 

@@ -68,9 +68,11 @@ async def test_in_band_errors_pass_through(stub: chat_pb2_grpc.AgentServiceAsync
     assert frames[-1].events[0].error.code == common_pb2.ERROR_CODE_INTERNAL
 
 
-async def test_get_model(stub: chat_pb2_grpc.AgentServiceAsyncStub) -> None:
+async def test_get_model(stub: chat_pb2_grpc.AgentServiceAsyncStub, fake: FakeParse) -> None:
+    fake.model.accepts_messages_base = True
     info = await stub.GetModel(chat_pb2.ModelInfoRequest())
     assert (info.served_model_name, info.max_model_len) == ("demo", 4096)
+    assert not info.accepts_messages_base  # between gateway and parse only
 
 
 async def test_one_access_line_per_chat_call(stub: chat_pb2_grpc.AgentServiceAsyncStub, fake: FakeParse) -> None:
