@@ -34,6 +34,7 @@ from itertools import compress, count, islice, repeat, starmap, takewhile
 from operator import add, eq, gt, not_, sub
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
+from services.common.sequences import common_prefix
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
 
 
@@ -250,7 +251,7 @@ class BlockManager:
             held = run = 0
         else:
             newest = list(islice(reversed(inactive), len(prefix) - held)) if held < len(prefix) else []
-            run = _common_length(prefix[held:] if held else prefix, newest)
+            run = common_prefix(prefix[held:] if held else prefix, newest)
         rest = prefix[held + run:] if held or run else prefix
         hits = len(list(takewhile(full.__contains__, rest)))  # C-speed scans from there on
         matched = held + run + hits
@@ -521,19 +522,3 @@ class BlockManager:
     def _emit(self, event: KvEvent) -> None:
         self._on_event(event)
 
-
-def _common_length(a: list[int], b: list[int]) -> int:
-    """How many leading items ``a`` and ``b`` share: list compares (identical objects need no look), whole
-    first, then by halving the rest, so a prompt whose last blocks differ costs ~2n pointer compares, not a
-    Python-level compare per block (~0.25 ms at 6,000 blocks)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n - 1  # a[:lo] == b[:lo]; the first difference is at index hi or before
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

@@ -33,7 +33,7 @@ from typing import Protocol
 import structlog
 from opentelemetry import trace
 
-from services.parse.prompt_cache import common_prefix
+from services.common.sequences import common_prefix
 
 log = structlog.get_logger()
 

@@ -40,9 +40,11 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 from tokenizers import Tokenizer
+
+from services.common.sequences import common_prefix
 
 Build = Literal["incremental", "full"]
 # Why a build was what it was. incremental: "extends" (the new text diverges after the previous render's
@@ -50,7 +52,6 @@ Build = Literal["incremental", "full"]
 # full: "anonymous" (no key), "new_key" (first turn of the key, or it was evicted), "rewritten" (the text
 # diverges before the first boundary: a changed system prompt, a billing line), "disabled" (no boundary tokens).
 Reason = Literal["extends", "rewritten", "anonymous", "new_key", "disabled"]
-Text = TypeVar("Text", str, "array[int]")  # what common_prefix compares: rendered text, or token ids
 
 
 @dataclass(frozen=True)
@@ -208,18 +209,3 @@ def _last_boundary(render: _Render, shared: int) -> int:
     """Index of the last boundary whose token lies wholly within the first ``shared`` chars (-1: none)."""
     return bisect.bisect_right(render.ends, shared) - 1
 
-
-def common_prefix(a: Text, b: Text, chunk: int = 4096) -> int:
-    """Length of the common prefix of two strings or two id arrays (chunks compared in C, then bisection)."""
-    n = min(len(a), len(b))
-    i = 0
-    while i + chunk <= n and a[i:i + chunk] == b[i:i + chunk]:
-        i += chunk
-    lo, hi = i, min(i + chunk, n)  # a[:lo] == b[:lo]; the first difference (if any) is before hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

@@ -202,12 +202,12 @@ def test_a_sequence_hashes_its_stream_once() -> None:
 
 
 @pytest.mark.parametrize("first_difference", [0, 1, 2, 63, 64, 1000, 2999, 3000, 4999, None])
-def test_common_length_finds_the_first_difference(first_difference: int | None) -> None:
-    from services.kvcore.block_manager import _common_length
+def test_common_prefix_of_hash_lists_finds_the_first_difference(first_difference: int | None) -> None:
+    from services.common.sequences import common_prefix
 
     a = list(range(10**12, 10**12 + 5000))
     b = [int(str(x)) for x in a]  # equal values, other objects: the compare may not rely on identity
     if first_difference is not None:
         b[first_difference] += 1
-    assert _common_length(a, b) == (5000 if first_difference is None else first_difference)
-    assert _common_length(a, b[:3000]) == min(3000, 5000 if first_difference is None else first_difference)
+    assert common_prefix(a, b) == (5000 if first_difference is None else first_difference)
+    assert common_prefix(a, b[:3000]) == min(3000, 5000 if first_difference is None else first_difference)

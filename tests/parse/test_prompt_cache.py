@@ -21,6 +21,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from services.common.errors import InvalidRequestError
 from services.common.model_dir import DEMO_MODEL_DIR, load_model_dir, load_prompt_encoder
+from services.common.sequences import common_prefix
 from services.parse.conversation import (
     ChatMessage,
     Conversation,
@@ -32,7 +33,7 @@ from services.parse.conversation import (
     to_template_input,
 )
 from services.parse.model_format import ModelFormat
-from services.parse.prompt_cache import PromptCache, boundary_tokens, common_prefix
+from services.parse.prompt_cache import PromptCache, boundary_tokens
 from services.parse.renderer import ChatTemplateRenderer
 from tests.parse.support import FIXED_NOW, TEMPLATE_FIXTURES
 
