@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.api import chat_pb2
+from services.common.sequences import common_prefix
 
 MIN_BYTES = 16 * 1024
 
@@ -33,6 +34,7 @@ class ConvertedMessages:
     def convert(self, raw: Sequence[Any], convert_one: Callable[[int], chat_pb2.Message]) -> list[chat_pb2.Message]:
         """Message ``i`` converted: the kept conversion of an equal message at ``i`` in the recent conversation
         sharing the most leading messages with ``raw``, else ``convert_one(i)``."""
+        raw = list(raw)
         best, best_key = 0, -1
         if raw:
             for key in list(reversed(self._lines))[: self._probes]:
@@ -40,9 +42,7 @@ class ConvertedMessages:
                 limit = min(len(kept), len(raw))
                 if limit <= best or kept[0] != raw[0]:
                     continue
-                n = 1
-                while n < limit and kept[n] == raw[n]:
-                    n += 1
+                n = common_prefix(kept, raw)
                 if n > best:
                     best, best_key = n, key
         out = list(self._lines[best_key][1][:best]) if best else []
@@ -53,7 +53,7 @@ class ConvertedMessages:
         if best < len(raw) and _size(out) >= MIN_BYTES:  # (all of it known: nothing new to keep)
             if best and best == len(self._lines[best_key][0]):  # it continues that conversation: keep the longer
                 del self._lines[best_key]
-            self._lines[self._next] = (list(raw), out)
+            self._lines[self._next] = (raw, out)
             self._next += 1
             while len(self._lines) > self._max:
                 self._lines.popitem(last=False)

@@ -21,7 +21,6 @@ client of the gRPC edge put there.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -32,6 +31,8 @@ from prometheus_client import CollectorRegistry
 from services.api import chat_pb2, common_pb2
 from services.common.errors import PromptBaseUnknownError
 from services.common.metrics import CounterCallback
+from services.common.sequences import common_prefix
+from services.common.sized_lru import SizedLru
 
 MIN_REUSE_BYTES = 16 * 1024     # a shorter shared prefix is as cheap to send again
 DEFAULT_MAX_BYTES = 256 << 20   # per sender / store: ~1,000 conversations of 100k tokens (240 KB each)
@@ -73,48 +74,13 @@ def strip(request: chat_pb2.ChatRequest) -> None:
 class _Sent:
     blobs: list[bytes]
     digests: list[int]
-    size: int
-
-
-class _Lru(Generic[T]):
-    """Values by key with a byte size each, least recently used evicted beyond ``max_bytes``."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self._items: OrderedDict[str, tuple[T, int]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, key: str) -> T | None:
-        item = self._items.get(key)
-        if item is None:
-            return None
-        self._items.move_to_end(key)
-        return item[0]
-
-    def put(self, key: str, value: T, size: int) -> None:
-        self.pop(key)
-        if size > self.max_bytes:
-            return
-        self._items[key] = (value, size)
-        self.size += size
-        while self.size > self.max_bytes:
-            _, (_, old) = self._items.popitem(last=False)
-            self.size -= old
-
-    def pop(self, key: str) -> None:
-        item = self._items.pop(key, None)
-        if item is not None:
-            self.size -= item[1]
 
 
 class MessageSender:
     """Gateway side, one per parse channel: the messages last sent under each key."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self._sent: _Lru[_Sent] = _Lru(max_bytes)
+        self._sent: SizedLru[_Sent] = SizedLru(max_bytes)
         self.shortened = 0  # requests sent as their new messages only
 
     def shorten(self, request: chat_pb2.ChatRequest) -> chat_pb2.ChatRequest | None:
@@ -129,14 +95,10 @@ class MessageSender:
             return None
         request.messages_key = key
         last = self._sent.get(key)
-        shared = 0
-        if last is not None:
-            limit = min(len(last.blobs), len(blobs))
-            while shared < limit and last.blobs[shared] == blobs[shared]:
-                shared += 1
+        shared = common_prefix(last.blobs, blobs) if last is not None else 0
         digests = last.digests[:shared] if last is not None else []
         digests += chain_all(blobs[shared:], digests[-1] if digests else 0)
-        self._sent.put(key, _Sent(blobs, digests, size), size)
+        self._sent.put(key, _Sent(blobs, digests), size)
         if not shared or sum(map(len, blobs[:shared])) < MIN_REUSE_BYTES:
             return None
         short = chat_pb2.ChatRequest()
@@ -158,7 +120,7 @@ class MessageStore(Generic[T]):
     """Parse side: per key, the last conversation's message digests and converted messages (``T``)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self._held: _Lru[_Held[T]] = _Lru(max_bytes)
+        self._held: SizedLru[_Held[T]] = SizedLru(max_bytes)
         self.rebuilt = 0   # requests that came as their new messages and were made whole
         self.refused = 0   # bases not held here (the gateway sent the request whole again)
 

@@ -20,7 +20,6 @@ caller, and the receiver cancels what it had started of a stream whose session e
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -32,6 +31,7 @@ from services.api import worker_pb2
 from services.common.block_hash import common_blocks
 from services.common.errors import PromptBaseUnknownError
 from services.common.metrics import CounterCallback
+from services.common.sized_lru import SizedLru
 
 MIN_REUSE_TOKENS = 2048        # a shorter shared prefix is as cheap to send again
 DEFAULT_MAX_BYTES = 256 << 20  # per store / sender: ~650 sessions of 100k tokens
@@ -57,44 +57,11 @@ def prompt_key(session: str, packed: bytes) -> str:
     return f"c:{digest(memoryview(packed)[:_CONTENT_KEY_BYTES]):016x}"
 
 
-class _LruBytes:
-    """Byte strings by key, least recently used evicted beyond ``max_bytes``."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self._items: OrderedDict[str, bytes] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, key: str) -> bytes | None:
-        value = self._items.get(key)
-        if value is not None:
-            self._items.move_to_end(key)
-        return value
-
-    def put(self, key: str, value: bytes) -> None:
-        self.pop(key)
-        if len(value) > self.max_bytes:
-            return
-        self._items[key] = value
-        self.size += len(value)
-        while self.size > self.max_bytes:
-            _, old = self._items.popitem(last=False)
-            self.size -= len(old)
-
-    def pop(self, key: str) -> None:
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.size -= len(old)
-
-
 class PromptStore:
     """Receiver side: the last whole prompt per key; :meth:`resolve` makes a request whole again."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self._prompts = _LruBytes(max_bytes)
+        self._prompts: SizedLru[bytes] = SizedLru(max_bytes)
         self.rebuilt = 0   # requests that arrived as a tail
         self.refused = 0   # tails whose prefix was not here (the sender sent them whole again)
 
@@ -115,14 +82,15 @@ class PromptStore:
             request.ClearField("prompt_base")
             self.rebuilt += 1
         if request.prompt_key:
-            self._prompts.put(request.prompt_key, request.token_ids_u32)
+            whole = request.token_ids_u32
+            self._prompts.put(request.prompt_key, whole, len(whole))
 
 
 class PromptSender:
     """Sender side, one per receiver: the last prompt sent under each key."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self._sent = _LruBytes(max_bytes)
+        self._sent: SizedLru[bytes] = SizedLru(max_bytes)
 
     def shorten(self, request: worker_pb2.GenerateRequest, key: str) -> bytes | None:
         """Turn ``request`` (in place) into the tail after what the receiver holds under ``key``; the whole
@@ -131,7 +99,7 @@ class PromptSender:
             return None
         whole = request.token_ids_u32
         last = self._sent.get(key)
-        self._sent.put(key, whole)
+        self._sent.put(key, whole, len(whole))
         request.prompt_key = key
         if last is None:
             return None

@@ -1,11 +1,11 @@
-"""Common prefixes of sequences, compared in C: rendered texts, token id arrays, block hash lists."""
+"""Common prefixes of sequences, compared in C: rendered texts, token id arrays, block hash lists, messages."""
 
 from __future__ import annotations
 
 from array import array
-from typing import TypeVar
+from typing import Any, TypeVar
 
-Seq = TypeVar("Seq", str, "array[int]", "list[int]")
+Seq = TypeVar("Seq", str, "array[int]", "list[Any]")
 
 
 def common_prefix(a: Seq, b: Seq, chunk: int = 4096) -> int:

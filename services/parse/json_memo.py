@@ -36,12 +36,17 @@ class JsonMemo:
             if item is not None and item[0] is obj:
                 del self._kept[id(obj)]
 
-    def encoded(self, obj: Any, key: tuple[Any, ...], encode: Callable[[], str]) -> str:
-        """``encode()``, remembered under ``key`` when ``obj`` is registered."""
+    def encoded(self, obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], encode: Callable[[], str]) -> str:
+        """``encode()``, remembered under the filter's ``args`` / ``kwargs`` when ``obj`` is registered (and they
+        are hashable: a ``separators`` list is not)."""
         item = self._kept.get(id(obj))
         if item is None or item[0] is not obj:
             return encode()
-        done = item[1].get(key)
+        key = (args, tuple(sorted(kwargs.items())))
+        try:
+            done = item[1].get(key)
+        except TypeError:
+            return encode()
         if done is None:
             done = item[1][key] = encode()
         return done

@@ -123,12 +123,7 @@ def _install_budget(env: Any) -> None:
 
 def _kept_tojson(encode: Callable[..., str], value: Any, *args: Any, **kwargs: Any) -> str:
     """``encode(value, ...)``, from :data:`services.parse.json_memo.MEMO` when ``value`` is registered there."""
-    try:
-        key = (args, tuple(sorted(kwargs.items())))
-        hash(key)
-    except TypeError:  # e.g. separators given as a list
-        return encode(value, *args, **kwargs)
-    return json_memo.MEMO.encoded(value, key, lambda: encode(value, *args, **kwargs))
+    return json_memo.MEMO.encoded(value, args, kwargs, lambda: encode(value, *args, **kwargs))
 
 
 class ChatTemplateRenderer:

@@ -69,14 +69,14 @@ def test_json_memo_encodes_a_registered_object_once_per_arguments() -> None:
         return json.dumps(SCHEMA, indent=indent)
 
     stranger = dict(SCHEMA)
-    assert memo.encoded(stranger, (), lambda: encode(None)) == json.dumps(SCHEMA)
-    assert memo.encoded(stranger, (), lambda: encode(None)) == json.dumps(SCHEMA)
+    assert memo.encoded(stranger, (), {}, lambda: encode(None)) == json.dumps(SCHEMA)
+    assert memo.encoded(stranger, (), {}, lambda: encode(None)) == json.dumps(SCHEMA)
     assert calls == [None, None]  # not registered: encoded each time
     memo.register(SCHEMA)
     for _ in range(3):
-        assert memo.encoded(SCHEMA, (), lambda: encode(None)) == json.dumps(SCHEMA)
-        assert memo.encoded(SCHEMA, ((), (("indent", 2),)), lambda: encode(2)) == json.dumps(SCHEMA, indent=2)
+        assert memo.encoded(SCHEMA, (), {}, lambda: encode(None)) == json.dumps(SCHEMA)
+        assert memo.encoded(SCHEMA, (), {"indent": 2}, lambda: encode(2)) == json.dumps(SCHEMA, indent=2)
     assert calls == [None, None, None, 2]
     memo.forget(SCHEMA)
-    memo.encoded(SCHEMA, (), lambda: encode(None))
+    memo.encoded(SCHEMA, (), {}, lambda: encode(None))
     assert calls[-1] is None and len(calls) == 5
