@@ -77,9 +77,23 @@ class _Ids:
     session_type_id: str = ""
 
     def fill(self, other: _Ids) -> None:
-        for f in fields(self):
-            if not getattr(self, f.name):
-                setattr(self, f.name, getattr(other, f.name))
+        for name in _ID_FIELDS:
+            if not getattr(self, name):
+                setattr(self, name, getattr(other, name))
+
+
+_ID_FIELDS = tuple(f.name for f in fields(_Ids))
+
+
+def _first_values(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """``headers`` as a plain dict (a header sent twice keeps its first value, as Starlette's ``Headers``
+    reads it): a dozen lookups in it cost less than a dozen scans of the raw header list."""
+    if isinstance(headers, dict):
+        return headers
+    plain: dict[str, str] = {}
+    for name, value in headers.items():
+        plain.setdefault(name, value)
+    return plain
 
 
 def _get(headers: Mapping[str, str], *names: str) -> str:
@@ -93,7 +107,7 @@ def _get(headers: Mapping[str, str], *names: str) -> str:
 def _from_context(ctx: AgentContext | common_pb2.Identity | None) -> _Ids:
     if ctx is None:
         return _Ids()
-    return _Ids(*(str(getattr(ctx, f.name, "") or "") for f in fields(_Ids)))
+    return _Ids(*(str(getattr(ctx, name, "") or "") for name in _ID_FIELDS))
 
 
 def _from_generic_headers(headers: Mapping[str, str]) -> _Ids:
@@ -141,6 +155,7 @@ def resolve_identity(
     prompt_cache_key: str | None = None,
 ) -> common_pb2.Identity:
     """The request's identity by the precedence in the module docstring (never empty)."""
+    headers = _first_values(headers)
     ids = _from_context(context)
     for source in (_from_generic_headers(headers), _from_claude_code(headers), _from_codex(headers),
                    _Ids(session_id=session_from_user_id(user_id)), _Ids(session_id=prompt_cache_key or "")):

