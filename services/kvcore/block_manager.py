@@ -130,7 +130,10 @@ class BlockManager:
         self._shared: dict[int, int] = {}
         # The LRU list: a plain dict (insertion order; cheaper per block than an OrderedDict, and a block's
         # whole prefix moves in and out of it at once); first = least recently used, a move = pop + insert.
-        self._inactive: dict[int, None] = {}
+        # Its newest ``_detached`` entries are not in the list any more: an admission took them (see
+        # ``_inactive``).
+        self._lru: dict[int, None] = {}
+        self._detached = 0
         self._next_event_id = 1
         self._lru_epoch = 0                 # bumped whenever a block enters the LRU list or moves in it
         self._probe: _Probe | None = None   # the last probe_prefix (see there)
@@ -148,7 +151,18 @@ class BlockManager:
     @property
     def cached_blocks(self) -> int:
         """Inactive full blocks kept for reuse (evictable)."""
-        return len(self._inactive)
+        return len(self._lru) - self._detached
+
+    @property
+    def _inactive(self) -> dict[int, None]:
+        """The LRU list, exactly. An admission that takes the list's newest run (a session's next turn takes
+        what its previous turn freed: thousands of blocks for a long prompt) only marks that run detached;
+        it leaves the dict here, on the next use of the list, so a turn's first token does not wait for
+        it. Only the list's oldest end (eviction, ``_lru`` itself) is read before that."""
+        if self._detached:
+            deque(starmap(self._lru.popitem, repeat((), self._detached)), maxlen=0)
+            self._detached = 0
+        return self._lru
 
     @property
     def active_blocks(self) -> int:
@@ -161,13 +175,16 @@ class BlockManager:
         return self.free_blocks + self.cached_blocks
 
     def ref_count(self, block_hash: int) -> int:
-        if block_hash not in self._full or block_hash in self._inactive:
+        if block_hash not in self._full or (block_hash in self._lru and not self._is_detached(block_hash)):
             return 0
         return 1 + self._shared.get(block_hash, 0)
 
     def lru_order(self) -> list[int]:
         """Hashes of inactive blocks, next to be evicted first."""
-        return list(self._inactive)
+        return list(islice(self._lru, len(self._lru) - self._detached))
+
+    def _is_detached(self, block_hash: int) -> bool:
+        return bool(self._detached) and block_hash in islice(reversed(self._lru), self._detached)
 
     # -- prefix reuse ---------------------------------------------------------------------------
 
@@ -213,8 +230,8 @@ class BlockManager:
             held += compress(rest, map(not_, unheld))
         if held:  # one more holder each
             shared.update(zip(held, map(add, map(shared.get, held, repeat(0)), repeat(1)), strict=True))
-        if newest:  # still the list's newest entries (the probe holds): popped from the end, no key hashed
-            deque(starmap(inactive.popitem, repeat((), newest)), maxlen=0)
+        if newest:  # still the list's newest entries (the probe holds): they leave it later (_inactive)
+            self._detached = newest
         if leaving or newest:
             deque(map(inactive.pop, leaving, repeat(None)), maxlen=0)
             if probe is not None:
@@ -400,11 +417,11 @@ class BlockManager:
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
             return self._free_ids.pop()
-        inactive = self._inactive
-        if not inactive:
+        if not self.cached_blocks:
             raise KeyError("no free or inactive block left")  # callers check available_blocks first
-        victim = next(iter(inactive))
-        del inactive[victim]
+        lru = self._lru  # its oldest end: a detached run (the newest end) may stay
+        victim = next(iter(lru))
+        del lru[victim]
         if victim in self._watch:
             self._void_probe()
         removed.append(victim)
@@ -419,11 +436,11 @@ class BlockManager:
         del free_ids[len(free_ids) - spare:]
         evict = count - spare
         if evict:
-            inactive = self._inactive
-            victims = list(islice(inactive, evict))
-            if len(victims) < evict:
+            if evict > self.cached_blocks:
                 raise KeyError("no free or inactive block left")  # callers check available_blocks first
-            deque(map(inactive.pop, victims), maxlen=0)
+            lru = self._lru  # its oldest end: a detached run (the newest end) may stay
+            victims = list(islice(lru, evict))
+            deque(map(lru.pop, victims), maxlen=0)
             if self._watch and not self._watch.isdisjoint(victims):
                 self._void_probe()
             removed.extend(victims)

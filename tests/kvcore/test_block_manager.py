@@ -211,3 +211,35 @@ def test_common_prefix_of_hash_lists_finds_the_first_difference(first_difference
         b[first_difference] += 1
     assert common_prefix(a, b) == (5000 if first_difference is None else first_difference)
     assert common_prefix(a, b[:3000]) == min(3000, 5000 if first_difference is None else first_difference)
+
+
+def test_a_next_turn_takes_its_previous_turns_run_and_the_list_reads_as_if_popped() -> None:
+    """An admission that takes the LRU list's newest run (a session's next turn) leaves that run in place
+    until the list is next used; meanwhile every reading of the list, and evictions from its oldest end,
+    are what popping it at once would give."""
+    bm = BlockManager(12, BS)
+    other, _ = fill(bm, toks(500, 3 * BS))             # 3 blocks, freed first: the oldest entries
+    bm.free(other)
+    turn = toks(1, 5 * BS + 1)                         # 5 full blocks and one token
+    first, _ = fill(bm, turn)
+    bm.free(first)                                     # its 5 blocks are now the newest entries
+    ours, theirs = sequence_hashes(turn, BS), sequence_hashes(toks(500, 3 * BS), BS)
+    assert bm.lru_order() == [*reversed(theirs), *reversed(ours)]
+    bm.drain_events()
+
+    nxt = KvSequence()
+    stream = [*turn, *toks(900, 5 * BS)]               # the next turn: the same 5 blocks, 5 new ones, one token
+    assert bm.probe_prefix(nxt, stream) == (5, 5)
+    assert bm.acquire_prefix(nxt, stream) == 5 * BS
+    assert bm.lru_order() == list(reversed(theirs)) and bm.cached_blocks == 3
+    assert [bm.ref_count(h) for h in ours] == [1] * 5 and bm.active_blocks == 5
+    # 6 more blocks with 4 free: 2 evicted from the oldest end while the taken run is still in the dict
+    assert bm.append(nxt, stream[5 * BS:])
+    removed = [e for e in bm.drain_events() if isinstance(e, KvRemoved)]
+    assert [h for e in removed for h in e.block_hashes] == list(reversed(theirs))[:2]
+    assert bm.lru_order() == list(reversed(theirs))[2:] and bm.cached_blocks == 1
+    assert bm.free_blocks == 0 and bm.active_blocks == 11
+
+    bm.free(nxt)                                       # the list is used again: the run leaves it first
+    assert bm.lru_order() == [*list(reversed(theirs))[2:], *reversed(sequence_hashes(stream, BS))]
+    assert bm.cached_blocks == 11 and bm.active_blocks == 0
