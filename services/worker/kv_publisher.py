@@ -2,7 +2,8 @@
 
 * KV events: every batch drained from ``engine.kv_events()`` becomes one ``KvEventBatch`` on
   ``harnessmesh.NS.kv.WORKER_ID``, at most one per ``linger`` seconds: what the engine emits meanwhile is
-  carried by the next (the first events after a quiet spell go at once). Decoding, an engine fills a block
+  carried by the next (the first events after a quiet spell go as soon as the step that made them has
+  handed its tokens to the stream writer: ``YIELDS_BEFORE_FIRST``). Decoding, an engine fills a block
   every few steps per stream; one message per step (~1,400 a second at 8 streams) cost the router more
   than the tokens did (1,024-token outputs at concurrency 8: ~21-31k tokens/s with none, ~36-54k with
   2 ms, noisy runs of ``bench/vs_dynamo.py``'s metric 5 workload). Event ids are consecutive per worker
@@ -39,6 +40,13 @@ from services.worker.engine import Engine, KvEvent, KvRemoved, KvStored
 log = structlog.get_logger()
 
 REGISTRY_START_WAIT = 2.0
+
+
+# The loop turns a quiet spell's first events wait: the engine emits a prefill's blocks while it plans the
+# step, so without them its publish (~0.2-0.4 ms for a 100k-token prompt's run) came before the step's first
+# token left (engine output -> stream handler -> mux outbox -> session writer: three turns). Measured on a
+# cached 100k-token turn, timestamps in the worker: the publish now follows the token's write.
+YIELDS_BEFORE_FIRST = 3
 
 
 class KvPublisher:
@@ -157,10 +165,13 @@ class KvPublisher:
         last = float("-inf")
         async for events in self._events:
             wait = last + self._linger - loop.time()
+            self._held = events  # (stop() publishes them if the task is cancelled meanwhile)
             if wait > 0 and drain is not None:  # published less than ``linger`` ago: what comes meanwhile too
-                self._held = events  # (stop() publishes them if the task is cancelled meanwhile)
                 await asyncio.sleep(wait)
-                events, self._held = events + drain(), []
+            else:
+                for _ in range(YIELDS_BEFORE_FIRST):
+                    await asyncio.sleep(0)
+            events, self._held = events + (drain() if drain is not None else []), []
             last = loop.time()
             try:
                 await self.publish(events)

@@ -1,5 +1,6 @@
 """The KV publisher's linger: a burst of engine steps' events goes out in one NATS message, the first events
-after a quiet spell at once, nothing lost or reordered, events still lingering published at stop."""
+after a quiet spell once the step's token has left, nothing lost or reordered, events still lingering published
+at stop."""
 
 from __future__ import annotations
 
@@ -92,3 +93,29 @@ async def test_without_linger_every_read_is_a_message() -> None:
         await asyncio.sleep(0.01)
     await pub.close()
     assert [ids for _, ids in nc.batches] == [[1], [2], [3]]
+
+
+async def test_a_quiet_spells_first_events_wait_for_the_steps_token_to_leave() -> None:
+    """The engine emits a prefill's blocks while it plans the step; the publish waits the loop turns a token
+    takes from the engine to the stream writer (here: a chain of that many hand-offs started in the same turn),
+    so the step's first token is not held up by it. The events it waited for go in the same message."""
+    from services.worker.kv_publisher import YIELDS_BEFORE_FIRST
+
+    pub, nc, engine = publisher(0.2)
+    await pub.start()
+    await asyncio.sleep(0)  # the publisher waits for events
+    written: list[int] = []
+
+    async def token_to_writer(turns: int) -> None:  # engine output -> handler -> outbox -> session writer
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        written.append(len(nc.batches))  # messages published when the token's write began
+
+    engine.feed.emit(KvRemoved(1, (1,)))
+    token = asyncio.ensure_future(token_to_writer(YIELDS_BEFORE_FIRST - 1))
+    engine.feed.emit(KvRemoved(2, (2,)))  # the same step's later events
+    await asyncio.wait_for(nc.sent.wait(), 2)
+    await token
+    assert written == [0]
+    assert [ids for _, ids in nc.batches] == [[1, 2]]
+    await pub.close()
