@@ -22,6 +22,7 @@ from services.common.mux import MuxChannel, method_name
 CHAT = method_name("Parse", "Chat")
 RESUME_LIMIT = 3  # resumes of one chat stream (as the router's --migration-limit for a worker's)
 RESUME_BACKOFF = 0.05  # seconds before the first resume, doubled for each next one
+STALE_LIMIT = 12  # a request's path answers model info up to this many TTLs old while it is fetched again
 
 log = structlog.get_logger()
 
@@ -117,6 +118,7 @@ class ParseClient:
         self._model_ttl = model_ttl
         self._model: chat_pb2.ModelInfo | None = None
         self._model_at = 0.0
+        self._refresh: asyncio.Future[None] | None = None  # a background GetModel (see get_model)
         self._served_name = served_model_name
         self.aliases: dict[str, str] = dict(aliases or {})  # --model-alias NAME=SERVED
 
@@ -183,11 +185,26 @@ class ParseClient:
         return (exc.code() == grpc.StatusCode.UNAVAILABLE and delivered.resumable
                 and delivered.resumes < self._resume_limit)
 
-    async def get_model(self, *, fresh: bool = False) -> chat_pb2.ModelInfo:
-        """The parse service's model info, cached for a few seconds."""
+    async def get_model(self, *, fresh: bool = False, stale_ok: bool = False) -> chat_pb2.ModelInfo:
+        """The parse service's model info, cached for ``model_ttl`` seconds.
+
+        ``stale_ok`` (a request's own path): past the TTL the cached info is answered at once and fetched
+        again in the background, so a turn that comes more than ``model_ttl`` after the last one does not
+        wait a ``GetModel`` round trip before its own call; past ``STALE_LIMIT`` TTLs it waits as usual.
+        """
         now = time.monotonic()
-        if not fresh and self._model is not None and now - self._model_at < self._model_ttl:
-            return self._model
+        if not fresh and self._model is not None:
+            age = now - self._model_at
+            if age < self._model_ttl:
+                return self._model
+            if stale_ok and age < STALE_LIMIT * self._model_ttl:
+                if self._refresh is None or self._refresh.done():
+                    self._refresh = asyncio.ensure_future(self._refresh_model())
+                return self._model
+        return await self._fetch_model()
+
+    async def _fetch_model(self) -> chat_pb2.ModelInfo:
+        started = time.monotonic()
         try:
             with suppress_instrumentation():  # a cached metadata probe: not part of any request's trace
                 info: chat_pb2.ModelInfo = await self._stub.GetModel(
@@ -195,8 +212,14 @@ class ParseClient:
                 )
         except grpc.aio.AioRpcError as exc:
             raise errors.from_rpc_error(exc) from exc
-        self._model, self._model_at = info, now
+        self._model, self._model_at = info, started
         return info
+
+    async def _refresh_model(self) -> None:
+        try:
+            await self._fetch_model()
+        except errors.MeshError as exc:  # the next request tries again (and past STALE_LIMIT waits for it)
+            log.info("gateway.model_refresh_failed", error=exc.message)
 
     async def ready(self) -> parse_pb2.ReadyResponse:
         """Whether a chat can be served now (the parse service asks the router for routable workers)."""
@@ -220,7 +243,7 @@ class ParseClient:
         if requested in self.aliases:
             _, info = await self.resolve_model(self.aliases[requested])
             return requested, info
-        info = await self.get_model()
+        info = await self.get_model(stale_ok=True)
         public = self.public_name(info)
         if requested and requested not in (public, info.served_model_name):
             raise errors.NotFoundError(

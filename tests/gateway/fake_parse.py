@@ -79,6 +79,9 @@ class FakeParse(parse_pb2_grpc.ParseServicer):
         self.chat_started = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.model = chat_pb2.ModelInfo(served_model_name="demo", max_model_len=4096, created=1700000000)
+        self.get_model_calls = 0
+        self.model_gate: asyncio.Event | None = None  # set: GetModel answers only once it is set
+        self.model_error: grpc.StatusCode | None = None  # set: GetModel fails with it
 
     async def Chat(self, request: chat_pb2.ChatRequest, context: Any) -> AsyncIterator[chat_pb2.ChatEventBatch]:
         self.requests.append(request)
@@ -106,6 +109,11 @@ class FakeParse(parse_pb2_grpc.ParseServicer):
         return parse_pb2.DetokenizeResponse(text="hello")
 
     async def GetModel(self, request: chat_pb2.ModelInfoRequest, context: Any) -> chat_pb2.ModelInfo:
+        self.get_model_calls += 1
+        if self.model_error is not None:
+            await context.abort(self.model_error, "GetModel fails")
+        if self.model_gate is not None:
+            await self.model_gate.wait()
         return self.model
 
     async def Ready(self, request: parse_pb2.ReadyRequest, context: Any) -> parse_pb2.ReadyResponse:
