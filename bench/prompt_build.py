@@ -100,7 +100,7 @@ def row(model: ModelDir, target: int, repeats: int) -> str:
     def incremental(name: str) -> Callable[[], None]:
         def build() -> None:
             encoded = caches[name].encode("s", fmt.render(turn))
-            assert encoded.token_ids == reference and encoded.build == "incremental"
+            assert list(encoded.token_ids) == reference and encoded.build == "incremental"
         return build
 
     fast.encode(prev_text)  # the server encoded turn N before turn N+1 (fastokens' caches are warm)

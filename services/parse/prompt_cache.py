@@ -40,8 +40,9 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import numpy
 from tokenizers import Tokenizer
 
 from services.common.sequences import common_prefix
@@ -111,6 +112,13 @@ def _splits(enc: Callable[[str], list[int]], ref: Callable[[str], list[int]], le
     return enc(left) + enc(right) == whole and enc(left + right) == whole
 
 
+def positions_of(ids: array[int], wanted: numpy.ndarray[Any, Any]) -> list[int]:
+    """The indexes in ``ids`` of the values in ``wanted``, in order: one vectorised pass (a Python pass over a
+    100k-token prompt's ids took ~5 ms, a third of a full build)."""
+    found = numpy.flatnonzero(numpy.isin(numpy.frombuffer(ids, dtype=f"u{ids.itemsize}"), wanted))
+    return found.tolist()  # type: ignore[no-any-return]
+
+
 class PromptCache:
     """Per-key previous render + ids; ``encode(key, text)`` tokenizes only what changed (thread-safe)."""
 
@@ -125,6 +133,7 @@ class PromptCache:
     ) -> None:
         self._encode = encode
         self._boundary_ids = frozenset(boundaries)
+        self._boundary_array = numpy.array(sorted(self._boundary_ids), dtype=numpy.uint32)
         alternatives = sorted(set(boundaries.values()), key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, alternatives))) if alternatives else None
         self._max_keys = max_keys
@@ -164,27 +173,27 @@ class PromptCache:
         return Encoded(render.ids, "incremental", reason, prev.index[best_at])
 
     def _full(self, text: str) -> _Render:
-        ids = self._encode(text)
+        ids = array("I", self._encode(text))
         starts, ends, index = self._boundaries(text, ids, 0, 0)
-        return _Render(text, array("I", ids), ends, starts, index)
+        return _Render(text, ids, ends, starts, index)
 
     def _extend(self, prev: _Render, at: int, text: str) -> _Render:
         cut, keep = prev.starts[at], prev.index[at]
-        tail = self._encode(text[cut:])
+        tail = array("I", self._encode(text[cut:]))
         starts, ends, index = self._boundaries(text[cut:], tail, cut, keep)
         ids = prev.ids[:keep]  # a memcpy, where a list of 100k ids took ~0.5 ms
         ids.extend(tail)
         return _Render(text, ids, prev.ends[:at] + ends, prev.starts[:at] + starts, prev.index[:at] + index)
 
     def _boundaries(
-        self, text: str, ids: Sequence[int], char0: int, token0: int
+        self, text: str, ids: array[int], char0: int, token0: int
     ) -> tuple[list[int], list[int], list[int]]:
         """Char starts, char ends and token indexes of the boundary tokens in ``text`` (shifted by ``char0`` /
         ``token0``). The k-th match in the text is the k-th boundary id in the ids (module docstring); were
         the counts ever to differ, no boundary is recorded (later turns rebuild more, never wrongly)."""
         assert self._pattern is not None
         matches = [(m.start() + char0, m.end() + char0) for m in self._pattern.finditer(text)]
-        index = [i + token0 for i, t in enumerate(ids) if t in self._boundary_ids]
+        index = [i + token0 for i in positions_of(ids, self._boundary_array)]
         if len(matches) != len(index):
             return [], [], []
         return [s for s, _ in matches], [e for _, e in matches], index

@@ -360,3 +360,19 @@ def test_a_long_anonymous_conversation_is_keyed_by_its_opening_and_builds_increm
     assert seen == [("full", "new_key"), ("incremental", "extends"), ("incremental", "extends")]
     short = fmt.build_prompt(Conversation((ChatMessage("user", (TextPart("hi"),)),)))
     assert (short.build, short.build_reason) == ("full", "anonymous")  # short: not worth a cache line
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.integers(0, 2**32 - 1) | st.sampled_from([0, 1, 256, 65536, 4097]), max_size=300),
+       wanted=st.sets(st.integers(0, 2**32 - 1) | st.sampled_from([0, 1, 256, 65536, 4097]), max_size=80))
+def test_boundary_positions_are_those_a_plain_pass_finds(ids: list[int], wanted: set[int]) -> None:
+    """Where the boundary ids stand in a render's ids (one vectorised pass): exactly what the plain pass finds."""
+    from array import array
+
+    import numpy
+
+    from services.parse.prompt_cache import positions_of
+
+    expected = [i for i, t in enumerate(ids) if t in wanted]
+    assert positions_of(array("I", ids), numpy.array(sorted(wanted), dtype=numpy.uint32)) == expected
