@@ -24,4 +24,3 @@ def common_prefix(a: Seq, b: Seq, chunk: int = 4096) -> int:
         else:
             hi = mid - 1
     return lo
-

@@ -538,4 +538,3 @@ class BlockManager:
 
     def _emit(self, event: KvEvent) -> None:
         self._on_event(event)
-

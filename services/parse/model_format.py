@@ -163,4 +163,3 @@ class ModelFormat:
             self._tools(ctx) if self._tools else None,
             self.markers,
         )
-

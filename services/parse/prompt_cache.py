@@ -132,8 +132,7 @@ class PromptCache:
         lines_per_key: int = 4,
     ) -> None:
         self._encode = encode
-        self._boundary_ids = frozenset(boundaries)
-        self._boundary_array = numpy.array(sorted(self._boundary_ids), dtype=numpy.uint32)
+        self._boundary_ids = numpy.array(sorted(boundaries), dtype=numpy.uint32)
         alternatives = sorted(set(boundaries.values()), key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, alternatives))) if alternatives else None
         self._max_keys = max_keys
@@ -193,7 +192,7 @@ class PromptCache:
         the counts ever to differ, no boundary is recorded (later turns rebuild more, never wrongly)."""
         assert self._pattern is not None
         matches = [(m.start() + char0, m.end() + char0) for m in self._pattern.finditer(text)]
-        index = [i + token0 for i in positions_of(ids, self._boundary_array)]
+        index = [i + token0 for i in positions_of(ids, self._boundary_ids)]
         if len(matches) != len(index):
             return [], [], []
         return [s for s, _ in matches], [e for _, e in matches], index
@@ -217,4 +216,3 @@ class PromptCache:
 def _last_boundary(render: _Render, shared: int) -> int:
     """Index of the last boundary whose token lies wholly within the first ``shared`` chars (-1: none)."""
     return bisect.bisect_right(render.ends, shared) - 1
-
