@@ -36,11 +36,11 @@ def request(ids: list[int]) -> worker_pb2.GenerateRequest:
     return worker_pb2.GenerateRequest(request_id="r", token_ids_u32=token_bytes.pack(ids))
 
 
-@pytest.mark.parametrize("shared", [0, 1, 3, 4, 5, 1000, 16_383, 16_384, 16_385, 40_000])
-def test_common_prefix_tokens_is_exact(shared: int) -> None:
+@pytest.mark.parametrize("common", [0, 1, 3, 4, 5, 1000, 16_383, 16_384, 16_385, 40_000])
+def test_common_prefix_tokens_is_exact(common: int) -> None:
     a = tokens(40_000, 1)
-    b = a[:shared] + [x + 1 for x in a[shared:shared + 7]]
-    assert common_prefix_tokens(token_bytes.pack(a), token_bytes.pack(b)) == min(shared, len(b))
+    b = a[:common] + [x + 1 for x in a[common:common + 7]]
+    assert common_prefix_tokens(token_bytes.pack(a), token_bytes.pack(b)) == min(common, len(b))
 
 
 def test_a_differing_byte_inside_a_token_ends_the_prefix_before_that_token() -> None:
@@ -65,7 +65,7 @@ def test_next_turn_travels_as_a_tail_and_is_rebuilt_exactly() -> None:
     assert store.rebuilt == 1
 
 
-def test_a_rewritten_history_sends_what_is_still_shared() -> None:
+def test_a_rewritten_history_sends_what_is_still_in_common() -> None:
     sender, store = PromptSender(), PromptStore()
     turn1 = tokens(12_000, 4)
     first = request(turn1)

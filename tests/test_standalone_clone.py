@@ -1,13 +1,13 @@
-"""A fresh clone of the repository collects, and would run, the same tests whether or not ``../shared`` is there.
+"""A fresh clone of the repository collects, and would run, the same tests as the working tree.
 
-The developers' machines have a ``shared/`` folder beside the repository (chat templates, client captures,
-traces); a user's clone does not. A test that reads it quietly turns into a skip or vanishes from the
-collection when it is absent. This test clones the committed ``HEAD`` twice into a temporary folder, puts
-``shared`` (a link to the real one) beside one clone only, and collects the suite in both at once. For
-every test it records whether it is collected, and whether its ``skip`` / ``skipif`` marks skip it; a
-module skipped at import counts as one entry. Both records must be equal. Without a ``../shared`` to
-compare with, the reference is the working tree itself, when it is exactly ``HEAD`` (uncommitted files
-are not in a clone).
+The developers' machines have reference material in a folder beside the repository (chat templates, client
+captures, traces); a user's clone does not, and no test may read it (the data tests need is vendored under
+``tests/``, its source noted). A test that read it would quietly turn into a skip or vanish from the
+collection in a lone clone. This test clones the committed ``HEAD`` into a temporary folder with nothing
+beside it and collects the suite there and in the working tree (which must be exactly ``HEAD``: uncommitted
+files are not in a clone) at once. For every test it records whether it is collected, and whether its
+``skip`` / ``skipif`` marks skip it; a module skipped at import counts as one entry. Both records must be
+equal. A second test checks the source: no test module names the sibling folder.
 
 Collection only, so it takes about as long as one ``pytest --collect-only`` (~15-30 s here); skips that
 happen inside a test's body are not seen (they are few and name what they need: a client, PyTorch).
@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# The sibling folder of reference material, spelled in pieces so this module does not name it either.
+SIBLING_NAMES = ("/".join(("..", "sha" + "red")), '"sha' + 'red"')
 
 pytestmark = [pytest.mark.standalone, pytest.mark.timeout(300)]
 
@@ -83,26 +84,18 @@ def finish_collection(proc: subprocess.Popen[str], out: Path) -> dict[str, str |
     return seen
 
 
-def test_a_clone_without_shared_collects_and_runs_the_same_tests(tmp_path: Path) -> None:
+def test_a_lone_clone_collects_and_runs_the_same_tests(tmp_path: Path) -> None:
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("needs git and a git checkout of the repository")
+    if git("status", "--porcelain", "--untracked-files=normal"):
+        pytest.skip("the working tree is not HEAD (commit, then run again)")
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
     (probe_dir / "standalone_probe.py").write_text(PROBE)
-
     alone = tmp_path / "alone" / "harnessmesh"
     git("clone", "--quiet", str(REPO), str(alone), cwd=tmp_path)
-    if SHARED.is_dir():
-        reference_root = tmp_path / "beside-shared" / "harnessmesh"
-        git("clone", "--quiet", str(REPO), str(reference_root), cwd=tmp_path)
-        (reference_root.parent / "shared").symlink_to(SHARED, target_is_directory=True)
-        reference_name = f"a clone with {SHARED} beside it"
-    elif not git("status", "--porcelain", "--untracked-files=normal"):
-        reference_root, reference_name = REPO, "the working tree (= HEAD)"
-    else:
-        pytest.skip(f"no {SHARED} to compare with, and the working tree is not HEAD (commit, then run again)")
 
-    runs = [start_collection(alone, probe_dir, "alone"), start_collection(reference_root, probe_dir, "reference")]
+    runs = [start_collection(alone, probe_dir, "alone"), start_collection(REPO, probe_dir, "reference")]
     alone_seen, reference_seen = (finish_collection(*run) for run in runs)
 
     errors = {k: v for k, v in alone_seen.items() if v and v.startswith("collection error")}
@@ -112,8 +105,14 @@ def test_a_clone_without_shared_collects_and_runs_the_same_tests(tmp_path: Path)
     newly_skipped = {k: alone_seen[k] for k in sorted(set(alone_seen) & set(reference_seen))
                      if alone_seen[k] and not reference_seen[k]}
     assert not (missing or extra or newly_skipped), (
-        f"a clone with no ../shared beside it differs from {reference_name}:\n"
+        "a lone clone differs from the working tree:\n"
         f"not collected: {missing[:20]} ({len(missing)})\nonly there: {extra[:20]} ({len(extra)})\n"
         f"skipped only there: {dict(list(newly_skipped.items())[:20])} ({len(newly_skipped)})"
     )
     assert len(alone_seen) > 100  # the whole suite was collected, not an early error
+
+
+def test_no_test_module_names_the_sibling_reference_folder() -> None:
+    offenders = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py")
+                       if any(name in path.read_text(encoding="utf-8") for name in SIBLING_NAMES))
+    assert not offenders, f"these test modules name the reference folder beside the repository: {offenders}"
