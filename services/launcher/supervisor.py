@@ -43,11 +43,25 @@ POLL = 0.1  # seconds between two start-up checks
 LOG_TAIL = 2000  # characters of a dead child's log quoted in the start-up error
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: never given twice
+
+
 def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on loopback that was free a moment ago and that this process has not handed out before.
+
+    The kernel may offer a port again once the probe socket is closed, and a child that binds with
+    ``SO_REUSEPORT`` (every gRPC server) does not fail on a port another child holds: in a CI run the
+    gateway's gRPC port came out equal to the router's, both bound it, and the start-up check reached the
+    router. Remembering what was handed out rules that out for the ports the launcher picks itself.
+    """
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no loopback port left that this process has not handed out")
 
 
 def deadline_in(seconds: float) -> float:

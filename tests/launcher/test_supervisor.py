@@ -81,3 +81,25 @@ async def test_a_clean_exit_is_not_restarted_and_stop_wins_over_a_pending_restar
 def test_an_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="restart policy"):
         Supervisor(restart="always")
+
+
+def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may offer a closed probe's port again (a CI run gave the gateway the router's gRPC port)."""
+    offered = iter([40001, 40001, 40002, 40001, 40003])
+
+    class Probe:
+        def __enter__(self) -> Probe:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.port = next(offered)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(sup, "_HANDED_OUT", set())
+    monkeypatch.setattr(sup.socket, "socket", Probe)
+    assert [sup.free_port() for _ in range(3)] == [40001, 40002, 40003]
