@@ -10,7 +10,8 @@ import orjson
 
 from gateway.apis.openai_chat.convert import chat_request
 from gateway.apis.openai_chat.models import ChatCompletionRequest
-from gateway.converted_messages import MIN_BYTES, ConvertedMessages
+from gateway.converted_messages import MIN_BYTES, ConvertedMessages, message_size
+from services.api import chat_pb2
 
 
 def message(rng: random.Random, i: int) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def message(rng: random.Random, i: int) -> dict[str, Any]:
     return out
 
 
-def wire(raw: list[dict[str, Any]], converted: ConvertedMessages | None) -> list[bytes]:
+def wire(raw: list[dict[str, Any]], converted: ConvertedMessages[chat_pb2.Message] | None) -> list[bytes]:
     body = orjson.loads(orjson.dumps({"model": "m", "messages": raw}))  # what read_json hands over
     request = chat_request(ChatCompletionRequest.model_validate(body), {}, model="m", request_id="r",
                            raw_messages=body["messages"], converted=converted)
@@ -34,7 +35,7 @@ def wire(raw: list[dict[str, Any]], converted: ConvertedMessages | None) -> list
 
 def test_turns_with_random_edits_convert_as_afresh() -> None:
     rng = random.Random(7)
-    converted = ConvertedMessages(max_conversations=4)
+    converted = ConvertedMessages(message_size, max_conversations=4)
     sessions = [[message(rng, i) for i in range(12)] for _ in range(3)]
     for _ in range(120):
         raw = rng.choice(sessions)
@@ -52,7 +53,7 @@ def test_turns_with_random_edits_convert_as_afresh() -> None:
 
 def test_a_next_turn_reuses_every_message_it_repeats() -> None:
     rng = random.Random(1)
-    converted = ConvertedMessages()
+    converted = ConvertedMessages(message_size)
     raw = [message(rng, i) for i in range(30)]
     wire(raw, converted)
     before = converted.reused
@@ -61,7 +62,7 @@ def test_a_next_turn_reuses_every_message_it_repeats() -> None:
 
 
 def test_short_conversations_are_not_kept() -> None:
-    converted = ConvertedMessages()
+    converted = ConvertedMessages(message_size)
     raw = [{"role": "user", "content": "hi"}]
     wire(raw, converted)
     wire([*raw, {"role": "assistant", "content": "hello"}], converted)

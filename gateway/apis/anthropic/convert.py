@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.apis.anthropic.encode import mesh_call_id
 from gateway.apis.anthropic.models import (
@@ -41,6 +41,7 @@ from gateway.apis.anthropic.models import (
     ToolUseBlock,
 )
 from gateway.apis.canonical import identity_and_hints, sampling_params, with_content
+from gateway.converted_messages import ConvertedMessages
 from services.api import chat_pb2, common_pb2
 from services.common.errors import InvalidRequestError
 
@@ -137,7 +138,24 @@ def _tool_result(block: ToolResultBlock, param: str, tool_names: Mapping[str, st
     return out
 
 
-def convert_messages(body: CountTokensRequest) -> list[chat_pb2.Message]:
+class ConvertedMessage(NamedTuple):
+    """One Messages API message converted: its canonical messages (a user message with tool results becomes
+    several) and the tool calls ``(id, name)`` it makes, which name the tool results after it."""
+
+    messages: tuple[chat_pb2.Message, ...]
+    tool_calls: tuple[tuple[str, str], ...]
+
+
+def converted_messages() -> ConvertedMessages[ConvertedMessage]:
+    """A memo of recent conversations' converted messages for :func:`chat_request`."""
+    return ConvertedMessages(lambda one: sum(m.ByteSize() for m in one.messages))
+
+
+def convert_messages(body: CountTokensRequest, raw_messages: Sequence[Any] | None = None,
+                     converted: ConvertedMessages[ConvertedMessage] | None = None) -> list[chat_pb2.Message]:
+    """The canonical messages of ``body``. With ``converted`` and the body's ``raw_messages`` (as parsed, before
+    validation), messages equal to a recent request's are not converted again (``gateway.converted_messages``):
+    an assistant message's key is its JSON and whether it keeps its thinking (``clear_thinking`` moves that)."""
     out: list[chat_pb2.Message] = []
     if body.system is not None:
         blocks = [body.system] if isinstance(body.system, str) else [b.text for b in body.system]
@@ -149,14 +167,30 @@ def convert_messages(body: CountTokensRequest) -> list[chat_pb2.Message]:
     if keep is not None and keep < len(turns):
         thinking_from = turns[-keep] if keep else len(body.messages)
     tool_names: dict[str, str] = {}
-    for i, msg in enumerate(body.messages):
+
+    def convert_one(i: int) -> ConvertedMessage:
+        msg = body.messages[i]
         if msg.role == "assistant":
-            converted = _assistant(msg, i, keep_thinking=i >= thinking_from)
-            tool_names.update((p.tool_call.id, p.tool_call.name) for p in converted.parts
-                              if p.WhichOneof("kind") == "tool_call")
-            out.append(converted)
-        else:
-            out.extend(_user(msg, i, tool_names))
+            message = _assistant(msg, i, keep_thinking=i >= thinking_from)
+            calls = tuple((p.tool_call.id, p.tool_call.name) for p in message.parts
+                          if p.WhichOneof("kind") == "tool_call")
+            tool_names.update(calls)
+            return ConvertedMessage((message,), calls)
+        return ConvertedMessage(tuple(_user(msg, i, tool_names)), ())
+
+    if converted is None or raw_messages is None or len(raw_messages) != len(body.messages):
+        converted_all = [convert_one(i) for i in range(len(body.messages))]
+    else:
+        keys = [(raw, i >= thinking_from) if msg.role == "assistant" else raw
+                for i, (raw, msg) in enumerate(zip(raw_messages, body.messages, strict=True))]
+        reused = converted.reuse(keys)
+        for one in reused.units:
+            tool_names.update(one.tool_calls)
+        converted_all = list(reused.units)
+        converted_all.extend(convert_one(i) for i in range(len(converted_all), len(keys)))
+        converted.keep(keys, converted_all, reused)
+    for one in converted_all:
+        out.extend(one.messages)
     return out
 
 
@@ -214,9 +248,11 @@ def thinking_blocks(body: CountTokensRequest) -> Iterator[tuple[str, str]]:
 
 
 def chat_request(
-    body: CountTokensRequest, headers: Mapping[str, str], *, model: str, request_id: str, strip: bool
+    body: CountTokensRequest, headers: Mapping[str, str], *, model: str, request_id: str, strip: bool,
+    raw_messages: Sequence[Any] | None = None, converted: ConvertedMessages[ConvertedMessage] | None = None,
 ) -> chat_pb2.ChatRequest:
-    """The canonical request for a Messages (or count_tokens) body."""
+    """The canonical request for a Messages (or count_tokens) body (``raw_messages`` and ``converted``: see
+    :func:`convert_messages`)."""
     tools = convert_tools(body.tools)
     identity, hints = identity_and_hints(headers, None, None,
                                          user_id=body.metadata.user_id if body.metadata else None)
@@ -231,7 +267,7 @@ def chat_request(
     return chat_pb2.ChatRequest(
         request_id=request_id,
         model=model,
-        messages=convert_messages(body),
+        messages=convert_messages(body, raw_messages, converted),
         tools=tools,
         tool_choice=convert_tool_choice(body.tool_choice, tools),
         sampling=sampling,

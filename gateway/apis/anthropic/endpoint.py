@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.apis.anthropic.convert import chat_request, strip_preamble, thinking_blocks
+from gateway.apis.anthropic.convert import chat_request, converted_messages, strip_preamble, thinking_blocks
 from gateway.apis.anthropic.encode import MessageEncoder
 from gateway.apis.anthropic.errors import from_validation_error
 from gateway.apis.anthropic.models import CountTokensRequest, MessagesRequest
@@ -45,31 +45,34 @@ class MessagesApi:
         self._signer = signer
         self._strip = strip
         self.endpoint = TurnEndpoint(FRAMING, keep_alive_interval=ping_interval)
+        self.converted = converted_messages()  # a next turn converts only its new messages
 
-    async def _body(self, request: Request, cls: type[_Body]) -> _Body:
+    async def _body(self, request: Request, cls: type[_Body]) -> tuple[Any, _Body]:
+        raw = await read_json(request)
         try:
-            return cls.model_validate(await read_json(request))
+            return raw, cls.model_validate(raw)
         except ValidationError as exc:
             raise from_validation_error(exc) from exc
 
-    async def _convert(self, body: CountTokensRequest, request: Request, request_id: str) -> tuple[
+    async def _convert(self, raw: Any, body: CountTokensRequest, request: Request, request_id: str) -> tuple[
             str, chat_pb2.ChatRequest]:
         public, info = await self._parse.resolve_model(body.model)
         chat = chat_request(body, request.headers, model=info.served_model_name, request_id=request_id,
-                            strip=strip_preamble(request.headers, self._strip))
+                            strip=strip_preamble(request.headers, self._strip),
+                            raw_messages=raw.get("messages"), converted=self.converted)
         annotate_span(chat)
         return public, chat
 
     async def count_tokens(self, request: Request) -> Response:
-        body = await self._body(request, CountTokensRequest)
-        _, chat = await self._convert(body, request, new_request_id(request, "count-"))
+        raw, body = await self._body(request, CountTokensRequest)
+        _, chat = await self._convert(raw, body, request, new_request_id(request, "count-"))
         reply = await self._parse.tokenize(parse_pb2.TokenizeRequest(chat=chat))
         return JSONResponse({"input_tokens": len(reply.token_ids)})
 
     async def messages(self, request: Request) -> Response:
-        body = await self._body(request, MessagesRequest)
+        raw, body = await self._body(request, MessagesRequest)
         message_id = new_request_id(request, "msg_")
-        public, chat = await self._convert(body, request, message_id)
+        public, chat = await self._convert(raw, body, request, message_id)
         verdicts = self._signer.verdicts(thinking_blocks(body))
         if verdicts and set(verdicts) != {"valid"}:
             log.info("gateway.anthropic.thinking_signatures", request_id=message_id, verdicts=dict(verdicts))

@@ -92,7 +92,7 @@ def convert_tool_choice(
 
 def chat_request(
     body: ChatCompletionRequest, headers: Mapping[str, str], *, model: str, request_id: str,
-    raw_messages: Sequence[Any] | None = None, converted: ConvertedMessages | None = None,
+    raw_messages: Sequence[Any] | None = None, converted: ConvertedMessages[chat_pb2.Message] | None = None,
 ) -> chat_pb2.ChatRequest:
     """The canonical request for an OpenAI chat completion request. With ``converted`` and the body's
     ``raw_messages`` (as parsed, before validation), messages equal to a recent request's are not converted

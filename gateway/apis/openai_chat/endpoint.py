@@ -11,7 +11,7 @@ from gateway.apis.openai_chat.convert import chat_request
 from gateway.apis.openai_chat.encode import ChunkEncoder, sse_event
 from gateway.apis.openai_chat.models import ChatCompletionRequest
 from gateway.boundary import new_request_id
-from gateway.converted_messages import ConvertedMessages
+from gateway.converted_messages import ConvertedMessages, message_size
 from gateway.parse_client import ParseClient
 from gateway.streaming import Framing, TurnEndpoint, annotate_span, read_json
 
@@ -28,7 +28,7 @@ class ChatCompletions:
         self._parse = parse
         self._tool_dispatch = tool_dispatch
         self._endpoint = TurnEndpoint(FRAMING)
-        self.converted = ConvertedMessages()  # a next turn converts only its new messages
+        self.converted = ConvertedMessages(message_size)  # a next turn converts only its new messages
 
     async def handle(self, request: Request) -> Response:
         raw = await read_json(request)
