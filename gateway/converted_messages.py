@@ -12,7 +12,8 @@ chat turn for ~0.03 ms of comparing, ~0.7 ms per Messages API turn. Only convers
 dropped first.
 
 The API's converter owns what a converted message is (``Unit``): the chat API's is one message, the
-Messages API's the several a user message with tool results becomes, with the tool calls it names.
+Messages API's the several a user message with tool results becomes, with the tool calls it names, the
+Responses API's a run of input items (those merged into one assistant turn stay in one run).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from pydantic import BaseModel, ValidationError
@@ -41,6 +41,7 @@ from gateway.apis.responses.models import (
     ResponsesRequest,
 )
 from gateway.apis.responses.reasoning_codec import decode_reasoning
+from gateway.converted_messages import ConvertedMessages
 from services.api import chat_pb2
 from services.common.errors import InvalidRequestError
 
@@ -131,12 +132,13 @@ def _reasoning_text(item: ReasoningItem) -> str:
 class _Builder:
     """Appends items to the canonical message list, merging assistant-side items into one turn."""
 
-    def __init__(self, messages: list[chat_pb2.Message]) -> None:
+    def __init__(self, messages: list[chat_pb2.Message], call_names: dict[str, str] | None = None) -> None:
         self.messages = messages
         self.call_names: dict[str, str] = {
             part.tool_call.id: part.tool_call.name
             for m in messages for part in m.parts if part.WhichOneof("kind") == "tool_call"
-        }
+        } if call_names is None else call_names
+        self.calls: list[tuple[str, str]] = []  # (call_id, name) of the calls added
 
     def _assistant(self) -> chat_pb2.Message:
         if not self.messages or self.messages[-1].role != "assistant":
@@ -157,6 +159,7 @@ class _Builder:
 
     def call(self, call_id: str, name: str, arguments_json: str) -> None:
         self.call_names[call_id] = name
+        self.calls.append((call_id, name))
         call = chat_pb2.ToolCall(id=call_id, name=name, arguments_json=arguments_json)
         self._assistant().parts.append(chat_pb2.Part(tool_call=call))
 
@@ -166,42 +169,107 @@ class _Builder:
             parts=[chat_pb2.Part(text=_text(output, f"{param}.output"))],
         ))
 
-
-def convert_input(
-    raw: str | list[dict[str, Any]], history: Sequence[chat_pb2.Message], tools: ToolTable,
-    tools_out: list[chat_pb2.Tool],
-) -> list[chat_pb2.Message]:
-    """``history`` followed by the request's ``input`` as canonical messages (without instructions).
-
-    Tools carried by ``additional_tools`` items (Codex's responses-lite models) join ``tools_out``.
-    """
-    builder = _Builder([chat_pb2.Message.FromString(m.SerializeToString()) for m in history])
-    if isinstance(raw, str):
-        builder.messages.append(chat_pb2.Message(role="user", parts=[chat_pb2.Part(text=raw)]))
-        return builder.messages
-    for i, entry in enumerate(raw):
+    def add(self, entry: Any, i: int, tools: ToolTable, tools_out: list[chat_pb2.Tool]) -> None:
+        """Item ``i`` of the request's ``input``."""
         param = f"input[{i}]"
         if not isinstance(entry, dict):
             raise InvalidRequestError(f"{param} must be an object", param=param)
         kind = entry.get("type", "message" if "role" in entry else None)
         if kind == "additional_tools":
             add_tools(entry.get("tools") or [], tools, tools_out, f"{param}.tools")
-            continue
+            return
         model = _ITEM_MODELS.get(kind) if isinstance(kind, str) else None
         if model is None:
             log.debug("responses.item_skipped", item_type=kind, param=param)
-            continue
+            return
         item = _validate(model, {**entry, "type": kind}, param)
         if isinstance(item, MessageItem):
-            builder.message(item, param)
+            self.message(item, param)
         elif isinstance(item, ReasoningItem):
-            builder.reasoning(item)
+            self.reasoning(item)
         elif isinstance(item, FunctionCallItem):
-            builder.call(item.call_id, item.name, item.arguments or "{}")
+            self.call(item.call_id, item.name, item.arguments or "{}")
         elif isinstance(item, CustomToolCallItem):
-            builder.call(item.call_id, item.name, json.dumps({"input": item.input}))
+            self.call(item.call_id, item.name, json.dumps({"input": item.input}))
         elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
-            builder.output(item.call_id, item.output, param)
+            self.output(item.call_id, item.output, param)
+
+
+class ConvertedRun(NamedTuple):
+    """A run of input items converted: its canonical messages and the tool calls ``(call_id, name)`` it makes,
+    which name the outputs after it."""
+
+    messages: tuple[chat_pb2.Message, ...]
+    calls: tuple[tuple[str, str], ...]
+
+
+def converted_runs() -> ConvertedMessages[ConvertedRun]:
+    """A memo of recent conversations' converted item runs for :func:`chat_request`."""
+    return ConvertedMessages(lambda run: sum(m.ByteSize() for m in run.messages))
+
+
+_STARTS_RUN = frozenset({"function_call_output", "custom_tool_call_output"})
+
+
+def _runs(raw: list[Any]) -> list[tuple[Any, ...]] | None:
+    """``raw`` cut before every item that always starts a message of its own (a user, system or developer
+    message, a tool output): each run then converts alone, given the calls before it. None where that does
+    not hold (an item that is not an object, or an ``additional_tools`` item, which adds tools)."""
+    runs: list[tuple[Any, ...]] = []
+    start = 0
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            return None
+        kind = entry.get("type", "message" if "role" in entry else None)
+        if kind == "additional_tools":
+            return None
+        if i > start and (kind in _STARTS_RUN or (kind == "message" and entry.get("role") != "assistant")):
+            runs.append(tuple(raw[start:i]))
+            start = i
+    if start < len(raw):
+        runs.append(tuple(raw[start:]))
+    return runs
+
+
+def _convert_runs(raw: list[Any], runs: list[tuple[Any, ...]], tools: ToolTable, tools_out: list[chat_pb2.Tool],
+                  converted: ConvertedMessages[ConvertedRun]) -> list[chat_pb2.Message]:
+    keys: list[Any] = list(runs)
+    reused = converted.reuse(keys)
+    call_names: dict[str, str] = {}
+    for run in reused.units:
+        call_names.update(run.calls)
+    units = list(reused.units)
+    start = sum(map(len, runs[: len(units)]))
+    for items in runs[len(units):]:
+        builder = _Builder([], call_names)
+        for i in range(start, start + len(items)):
+            builder.add(raw[i], i, tools, tools_out)
+        units.append(ConvertedRun(tuple(with_content(m) for m in builder.messages), tuple(builder.calls)))
+        start += len(items)
+    converted.keep(keys, units, reused)
+    return [m for run in units for m in run.messages]
+
+
+def convert_input(
+    raw: str | list[dict[str, Any]], history: Sequence[chat_pb2.Message], tools: ToolTable,
+    tools_out: list[chat_pb2.Tool], converted: ConvertedMessages[ConvertedRun] | None = None,
+) -> list[chat_pb2.Message]:
+    """``history`` followed by the request's ``input`` as canonical messages (without instructions).
+
+    Tools carried by ``additional_tools`` items (Codex's responses-lite models) join ``tools_out``. With
+    ``converted`` and no history, runs of items equal to a recent request's are not converted again
+    (``gateway.converted_messages``).
+    """
+    if isinstance(raw, str):
+        messages = [chat_pb2.Message.FromString(m.SerializeToString()) for m in history]
+        messages.append(chat_pb2.Message(role="user", parts=[chat_pb2.Part(text=raw)]))
+        return messages
+    runs = _runs(raw) if converted is not None and not history else None
+    if runs is not None and converted is not None:
+        return _convert_runs(raw, runs, tools, tools_out, converted)
+    builder = _Builder([chat_pb2.Message.FromString(m.SerializeToString()) for m in history])
+    for i, entry in enumerate(raw):
+        builder.add(entry, i, tools, tools_out)
     return builder.messages
 
 
@@ -268,12 +336,14 @@ def chat_request(
     *,
     model: str,
     request_id: str,
+    converted: ConvertedMessages[ConvertedRun] | None = None,
 ) -> Converted:
-    """The canonical request for a Responses API request continuing ``history``."""
+    """The canonical request for a Responses API request continuing ``history`` (``converted``: see
+    :func:`convert_input`)."""
     table = ToolTable()
     tools: list[chat_pb2.Tool] = []
     add_tools(body.tools or [], table, tools, "tools")
-    conversation = [with_content(m) for m in convert_input(body.input, history, table, tools)]
+    conversation = [with_content(m) for m in convert_input(body.input, history, table, tools, converted)]
     messages = list(conversation)
     if body.instructions:
         messages.insert(0, chat_pb2.Message(role="system", parts=[chat_pb2.Part(text=body.instructions)]))

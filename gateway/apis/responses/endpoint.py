@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.apis.responses.convert import chat_request
+from gateway.apis.responses.convert import chat_request, converted_runs
 from gateway.apis.responses.encode import ResponseEncoder
 from gateway.apis.responses.models import ResponsesRequest
 from gateway.apis.responses.store import ResponseStorage
@@ -63,6 +63,7 @@ class ResponsesApi:
         self._parse = parse
         self._store = store
         self._endpoint = TurnEndpoint(TYPED)
+        self.converted = converted_runs()  # a next turn converts only its new items
 
     async def create(self, request: Request) -> Response:
         raw = await read_json(request)
@@ -80,7 +81,7 @@ class ResponsesApi:
             history = stored.conversation
         response_id = new_request_id(request, "resp_")
         converted = chat_request(body, request.headers, history, model=info.served_model_name,
-                                 request_id=response_id)
+                                 request_id=response_id, converted=self.converted)
         annotate_span(converted.chat)
         include = set(body.include or ())
         encoder = ResponseEncoder(_skeleton(body, raw, response_id, public), converted.tools,
