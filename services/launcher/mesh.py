@@ -20,7 +20,7 @@ from services.launcher.backend import start_backend
 from services.launcher.nats_server import NatsServer
 from services.launcher.settings import UpSettings
 from services.launcher.specs import GATEWAY, PARSE, build_settings
-from services.launcher.supervisor import POLL, Supervisor, deadline_in, free_port, past
+from services.launcher.supervisor import POLL, Supervisor, deadline_in, free_port, past, reserve_ports
 
 log = structlog.get_logger()
 
@@ -58,6 +58,7 @@ class Mesh:
         deadline = deadline_in(self.launcher.startup_timeout)
         self.launcher.tls().check()  # before anything starts: a missing file is one clear line
         _check_model(self.values)
+        reserve_ports(self.values.get("http_port"), self.values.get("grpc_port"), self.launcher.nats_port)
         nats_url, nats_token = self.launcher.nats_url, self.launcher.nats_token
         if not nats_url:
             nats = NatsServer(self.launcher.nats_port or free_port(), self.launcher.tls())

@@ -64,6 +64,13 @@ def free_port() -> int:
     raise OSError("no loopback port left that this process has not handed out")
 
 
+def reserve_ports(*ports: int | None) -> None:
+    """Ports given on the command line (``--http-port`` ...): :func:`free_port` never hands them out. A caller
+    that picked one with its own probe just before may get it offered again here (a test's HTTP port once came
+    out as the parse service's, and the gateway could not listen)."""
+    _HANDED_OUT.update(port for port in ports if port)
+
+
 def deadline_in(seconds: float) -> float:
     """The event-loop time ``seconds`` from now (the ``deadline`` of the waits below)."""
     return asyncio.get_running_loop().time() + seconds

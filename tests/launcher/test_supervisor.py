@@ -83,9 +83,9 @@ def test_an_unknown_policy_is_refused() -> None:
         Supervisor(restart="always")
 
 
-def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel may offer a closed probe's port again (a CI run gave the gateway the router's gRPC port)."""
-    offered = iter([40001, 40001, 40002, 40001, 40003])
+def probe_offering(ports: list[int]) -> type:
+    """A stand-in for ``socket.socket`` whose probes are offered ``ports`` in turn."""
+    offered = iter(ports)
 
     class Probe:
         def __enter__(self) -> Probe:
@@ -100,6 +100,19 @@ def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch)
         def getsockname(self) -> tuple[str, int]:
             return ("127.0.0.1", self.port)
 
+    return Probe
+
+
+def test_free_port_never_hands_out_a_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may offer a closed probe's port again (a CI run gave the gateway the router's gRPC port)."""
     monkeypatch.setattr(sup, "_HANDED_OUT", set())
-    monkeypatch.setattr(sup.socket, "socket", Probe)
+    monkeypatch.setattr(sup.socket, "socket", probe_offering([40001, 40001, 40002, 40001, 40003]))
     assert [sup.free_port() for _ in range(3)] == [40001, 40002, 40003]
+
+
+def test_free_port_never_hands_out_a_port_given_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test picks the HTTP port with its own probe; the launcher's next probe may be offered it again."""
+    monkeypatch.setattr(sup, "_HANDED_OUT", set())
+    monkeypatch.setattr(sup.socket, "socket", probe_offering([40001, 40002]))
+    sup.reserve_ports(40001, None, 0)
+    assert sup.free_port() == 40002
