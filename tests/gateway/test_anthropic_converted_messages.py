@@ -13,6 +13,7 @@ import orjson
 from gateway.apis.anthropic.convert import ConvertedMessage, chat_request, converted_messages
 from gateway.apis.anthropic.models import MessagesRequest
 from gateway.converted_messages import ConvertedMessages
+from tests.gateway.conversation_edits import edited_conversations
 
 WORDS = ["alpha", "beta", "gamma", "parse", "tool", "read", "écrire", "工具"]
 TOOLS = ["read", "write", "grep"]
@@ -77,24 +78,15 @@ def wire(raw: dict[str, Any], converted: ConvertedMessages[ConvertedMessage] | N
 def test_turns_with_random_edits_convert_as_afresh() -> None:
     rng = random.Random(14)
     converted = converted_messages()
-    sessions: list[list[dict[str, Any]]] = []
-    for _ in range(3):
-        messages = [{"role": "user", "content": text(rng)}]
-        grow(rng, messages, 6)
-        sessions.append(messages)
     system = text(rng)
-    for _ in range(150):
-        messages = rng.choice(sessions)
-        edit = rng.random()
-        if edit < 0.6:  # the next turn
-            grow(rng, messages, rng.randrange(1, 3))
-        elif edit < 0.8 and len(messages) > 3:  # history rewritten from some point (compaction)
-            cut = rng.randrange(1, len(messages) - 1)
-            if messages[cut]["role"] == "user":
-                cut += 1
-            del messages[cut:]
-            grow(rng, messages, rng.randrange(1, 3))
-        elif edit < 0.9:
+
+    def after_assistant(messages: list[dict[str, Any]], at: int) -> int:
+        return at + 1 if messages[at]["role"] == "user" else at
+
+    for messages, edit in edited_conversations(rng, lambda: [{"role": "user", "content": text(rng)}],
+                                               lambda messages, turns: grow(rng, messages, turns),
+                                               cut_at=after_assistant):
+        if 0.8 <= edit < 0.9:
             system = text(rng)  # a changed system prompt
         raw = body(rng, messages, system)
         assert wire(raw, converted) == wire(raw, None)

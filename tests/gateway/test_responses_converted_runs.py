@@ -14,6 +14,7 @@ from gateway.apis.responses.convert import ConvertedRun, chat_request, converted
 from gateway.apis.responses.models import ResponsesRequest
 from gateway.converted_messages import ConvertedMessages
 from services.api import chat_pb2
+from tests.gateway.conversation_edits import edited_conversations
 
 WORDS = ["alpha", "beta", "gamma", "parse", "tool", "read", "écrire", "工具"]
 
@@ -83,20 +84,9 @@ def convert(raw: dict[str, Any], history: list[chat_pb2.Message],
 def test_turns_with_random_edits_convert_as_afresh() -> None:
     rng = random.Random(12)
     converted = converted_runs()
-    sessions: list[list[dict[str, Any]]] = []
-    for _ in range(3):
-        items: list[dict[str, Any]] = [{"role": "user", "content": text(rng)}]
-        grow(rng, items, 5)
-        sessions.append(items)
     history = [chat_pb2.Message(role="assistant", parts=[chat_pb2.Part(text="stored")])]
-    for _ in range(150):
-        items = rng.choice(sessions)
-        edit = rng.random()
-        if edit < 0.6:  # the next turn
-            grow(rng, items, rng.randrange(1, 3))
-        elif edit < 0.8 and len(items) > 3:  # history rewritten from some point (compaction)
-            del items[rng.randrange(1, len(items) - 1):]
-            grow(rng, items, rng.randrange(1, 3))
+    for items, _ in edited_conversations(rng, lambda: [{"role": "user", "content": text(rng)}],
+                                         lambda items, turns: grow(rng, items, turns)):
         raw = {"model": "m", "instructions": text(rng) if rng.random() < 0.3 else "be brief", "input": items}
         if rng.random() < 0.05:
             raw["input"] = [{"type": "additional_tools", "tools": [{"type": "function", "name": "extra"}]}, *items]
