@@ -25,14 +25,19 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import grpc
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.api import chat_pb2, chat_pb2_grpc, worker_pb2, worker_pb2_grpc
-from services.common import token_bytes
-from tests.support.mesh import running_mesh
+from services.common.grpc_io import choose_grpc_io
+
+choose_grpc_io()  # the bench's own gRPC clients (``direct``, ``mesh-grpc``) use the services' socket I/O
+
+import grpc  # noqa: E402 - after choose_grpc_io
+
+from services.api import chat_pb2, chat_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
+from services.common import token_bytes  # noqa: E402
+from tests.support.mesh import running_mesh  # noqa: E402
 
 Sample = tuple[float, float]  # (ttft seconds, mean inter-token seconds)
 
