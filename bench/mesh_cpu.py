@@ -23,13 +23,18 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import grpc
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.api import chat_pb2, chat_pb2_grpc, common_pb2
-from tests.support.mesh import running_mesh
+from services.common.grpc_io import choose_grpc_io
+
+choose_grpc_io()  # the bench's gRPC-edge client uses the services' socket I/O
+
+import grpc  # noqa: E402 - after choose_grpc_io
+
+from services.api import chat_pb2, chat_pb2_grpc, common_pb2  # noqa: E402
+from tests.support.mesh import running_mesh  # noqa: E402
 
 _PROCESS_NAMES = ("gateway", "parse", "router", "worker", "nats")
 

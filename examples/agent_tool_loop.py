@@ -18,9 +18,13 @@ import sys
 import uuid
 from typing import Any
 
-import grpc
+from services.common.grpc_io import choose_grpc_io
 
-from services.api import chat_pb2, chat_pb2_grpc, common_pb2
+choose_grpc_io()  # grpc's poller socket I/O, as the mesh's services run it: a cheaper hop (before grpc loads)
+
+import grpc  # noqa: E402 - after choose_grpc_io
+
+from services.api import chat_pb2, chat_pb2_grpc, common_pb2  # noqa: E402
 
 WEATHER_TOOL = chat_pb2.Tool(
     name="get_weather",
