@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from services.api import chat_pb2
@@ -28,14 +27,6 @@ from services.common.sequences import common_prefix
 
 MIN_BYTES = 16 * 1024
 Unit = TypeVar("Unit")
-
-
-@dataclass(frozen=True)
-class Reused(Generic[Unit]):
-    """The converted leading messages a request shares with a kept conversation (``conversation`` -1: none)."""
-
-    units: list[Unit]
-    conversation: int
 
 
 class ConvertedMessages(Generic[Unit]):
@@ -52,8 +43,27 @@ class ConvertedMessages(Generic[Unit]):
         self._next = 0
         self.reused = 0  # messages taken from a kept conversation
 
-    def reuse(self, keys: list[Any]) -> Reused[Unit]:
-        """The conversions of the most leading ``keys`` a recent conversation shares with this request."""
+    def convert(self, keys: Sequence[Any], convert_one: Callable[[int], Unit],
+                resume: Callable[[Sequence[Unit]], None] = lambda reused: None) -> list[Unit]:
+        """Message ``i`` converted: the kept conversion of an equal key at ``i`` in the recent conversation
+        sharing the most leading keys with ``keys``, else ``convert_one(i)`` (called in order, after
+        ``resume`` was given the conversions taken, so that it can restore what converting them set up)."""
+        keys = list(keys)
+        best, line = self._longest_kept(keys)
+        units = self._lines[line][1][:best] if best else []
+        resume(units)
+        units.extend(convert_one(i) for i in range(best, len(keys)))
+        if best < len(keys) and sum(map(self._size, units)) >= MIN_BYTES:  # (all of it known: nothing new to keep)
+            if best and best == len(self._lines[line][0]):  # it continues that conversation: keep the longer
+                del self._lines[line]
+            self._lines[self._next] = (keys, units)
+            self._next += 1
+            while len(self._lines) > self._max:
+                self._lines.popitem(last=False)
+        return units
+
+    def _longest_kept(self, keys: list[Any]) -> tuple[int, int]:
+        """How many leading keys the recent conversation sharing the most with ``keys`` shares, and its line."""
         best, best_key = 0, -1
         if keys:
             for key in list(reversed(self._lines))[: self._probes]:
@@ -64,34 +74,10 @@ class ConvertedMessages(Generic[Unit]):
                 n = common_prefix(kept, keys)
                 if n > best:
                     best, best_key = n, key
-        if not best:
-            return Reused([], -1)
-        self._lines.move_to_end(best_key)
-        self.reused += best
-        return Reused(self._lines[best_key][1][:best], best_key)
-
-    def keep(self, keys: list[Any], units: list[Unit], reused: Reused[Unit]) -> None:
-        """Remember this request's conversions (``units``, one per key), found by :meth:`reuse` with ``reused``."""
-        best = len(reused.units)
-        if best == len(keys) or sum(map(self._size, units)) < MIN_BYTES:  # nothing new to keep, or too small
-            return
-        kept = self._lines.get(reused.conversation)
-        if best and kept is not None and best == len(kept[0]):  # it continues that conversation: keep the longer
-            del self._lines[reused.conversation]
-        self._lines[self._next] = (keys, units)
-        self._next += 1
-        while len(self._lines) > self._max:
-            self._lines.popitem(last=False)
-
-    def convert(self, keys: Sequence[Any], convert_one: Callable[[int], Unit]) -> list[Unit]:
-        """Message ``i`` converted: the kept conversion of an equal key at ``i`` in the recent conversation
-        sharing the most leading keys with ``keys``, else ``convert_one(i)`` (called in order)."""
-        keys = list(keys)
-        reused = self.reuse(keys)
-        units = list(reused.units)
-        units.extend(convert_one(i) for i in range(len(units), len(keys)))
-        self.keep(keys, units, reused)
-        return units
+        if best:
+            self._lines.move_to_end(best_key)
+            self.reused += best
+        return best, best_key
 
 
 def message_size(message: chat_pb2.Message) -> int:

@@ -183,12 +183,12 @@ def convert_messages(body: CountTokensRequest, raw_messages: Sequence[Any] | Non
     else:
         keys = [(raw, i >= thinking_from) if msg.role == "assistant" else raw
                 for i, (raw, msg) in enumerate(zip(raw_messages, body.messages, strict=True))]
-        reused = converted.reuse(keys)
-        for one in reused.units:
-            tool_names.update(one.tool_calls)
-        converted_all = list(reused.units)
-        converted_all.extend(convert_one(i) for i in range(len(converted_all), len(keys)))
-        converted.keep(keys, converted_all, reused)
+
+        def resume(reused: Sequence[ConvertedMessage]) -> None:
+            for one in reused:
+                tool_names.update(one.tool_calls)
+
+        converted_all = converted.convert(keys, convert_one, resume)
     for one in converted_all:
         out.extend(one.messages)
     return out

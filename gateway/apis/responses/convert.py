@@ -11,6 +11,7 @@ string argument ``input``; ``ToolTable`` maps the model's calls back to the righ
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +130,11 @@ def _reasoning_text(item: ReasoningItem) -> str:
     return "\n\n".join(s.text for s in item.summary if s.text)
 
 
+def _item_kind(entry: dict[str, Any]) -> Any:
+    """An input item's type (``message`` when it has a role and no type)."""
+    return entry.get("type", "message" if "role" in entry else None)
+
+
 class _Builder:
     """Appends items to the canonical message list, merging assistant-side items into one turn."""
 
@@ -174,7 +180,7 @@ class _Builder:
         param = f"input[{i}]"
         if not isinstance(entry, dict):
             raise InvalidRequestError(f"{param} must be an object", param=param)
-        kind = entry.get("type", "message" if "role" in entry else None)
+        kind = _item_kind(entry)
         if kind == "additional_tools":
             add_tools(entry.get("tools") or [], tools, tools_out, f"{param}.tools")
             return
@@ -220,7 +226,7 @@ def _runs(raw: list[Any]) -> list[tuple[Any, ...]] | None:
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             return None
-        kind = entry.get("type", "message" if "role" in entry else None)
+        kind = _item_kind(entry)
         if kind == "additional_tools":
             return None
         if i > start and (kind in _STARTS_RUN or (kind == "message" and entry.get("role") != "assistant")):
@@ -233,21 +239,20 @@ def _runs(raw: list[Any]) -> list[tuple[Any, ...]] | None:
 
 def _convert_runs(raw: list[Any], runs: list[tuple[Any, ...]], tools: ToolTable, tools_out: list[chat_pb2.Tool],
                   converted: ConvertedMessages[ConvertedRun]) -> list[chat_pb2.Message]:
-    keys: list[Any] = list(runs)
-    reused = converted.reuse(keys)
+    starts = [0, *itertools.accumulate(map(len, runs))]  # run k is raw[starts[k]:starts[k + 1]]
     call_names: dict[str, str] = {}
-    for run in reused.units:
-        call_names.update(run.calls)
-    units = list(reused.units)
-    start = sum(map(len, runs[: len(units)]))
-    for items in runs[len(units):]:
+
+    def resume(reused: Sequence[ConvertedRun]) -> None:
+        for run in reused:
+            call_names.update(run.calls)
+
+    def convert_one(k: int) -> ConvertedRun:
         builder = _Builder([], call_names)
-        for i in range(start, start + len(items)):
+        for i in range(starts[k], starts[k + 1]):
             builder.add(raw[i], i, tools, tools_out)
-        units.append(ConvertedRun(tuple(with_content(m) for m in builder.messages), tuple(builder.calls)))
-        start += len(items)
-    converted.keep(keys, units, reused)
-    return [m for run in units for m in run.messages]
+        return ConvertedRun(tuple(with_content(m) for m in builder.messages), tuple(builder.calls))
+
+    return [m for run in converted.convert(runs, convert_one, resume) for m in run.messages]
 
 
 def convert_input(
@@ -264,9 +269,10 @@ def convert_input(
         messages = [chat_pb2.Message.FromString(m.SerializeToString()) for m in history]
         messages.append(chat_pb2.Message(role="user", parts=[chat_pb2.Part(text=raw)]))
         return messages
-    runs = _runs(raw) if converted is not None and not history else None
-    if runs is not None and converted is not None:
-        return _convert_runs(raw, runs, tools, tools_out, converted)
+    if converted is not None and not history:
+        runs = _runs(raw)
+        if runs is not None:
+            return _convert_runs(raw, runs, tools, tools_out, converted)
     builder = _Builder([chat_pb2.Message.FromString(m.SerializeToString()) for m in history])
     for i, entry in enumerate(raw):
         builder.add(entry, i, tools, tools_out)
