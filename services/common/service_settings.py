@@ -38,3 +38,23 @@ class CommonSettings(ProcessSettings):
     metrics_port: int = option(
         0, "Port of this service's Prometheus /metrics HTTP endpoint (0: none; the gateway also serves /metrics "
         "on its HTTP port). harnessmesh up gives each service a free port and prints them.", wiring=True)
+
+
+@dataclass(frozen=True)
+class MeshServiceSettings(CommonSettings):
+    """What the services that serve the mesh's streams (parse, router, worker) have on top: how their mux
+    sessions batch frames (``services/common/mux.py``)."""
+
+    stream_linger_ms: float = option(
+        2.0, "Least milliseconds between two messages of plain stream frames to one peer (parse, router and worker "
+        "send every stream's frames to a peer on one gRPC stream): what the streams produce meanwhile goes in the "
+        "same message. A stream's first frame and its end never wait; an engine stepping slower than this never "
+        "waits either. 0: a message whenever the writer is free.", shared=True)
+
+    def validate(self) -> None:
+        if not self.stream_linger_ms >= 0:
+            raise ValueError("--stream-linger-ms must be >= 0")
+
+    def stream_linger(self) -> float:
+        """``stream_linger_ms`` in seconds, as :class:`services.common.mux.MuxServer` takes it."""
+        return self.stream_linger_ms / 1000

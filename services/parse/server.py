@@ -108,7 +108,8 @@ async def start(
     message_reuse.watch(metrics.registry, servicer.messages)
     server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     parse_pb2_grpc.add_ParseServicer_to_server(servicer, server.server)
-    server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)})
+    server.add_mux({method_name("Parse", "Chat"): MuxMethod(servicer.Chat, chat_pb2.ChatRequest)},
+                   linger=settings.stream_linger())
     await server.start()
     return RunningParse(server=server, routers=routers, model_format=fmt,
                         metrics_server=serve_metrics(metrics.registry, settings.host, settings.metrics_port),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from services.common.service_settings import CommonSettings
+from services.common.service_settings import MeshServiceSettings
 from services.common.settings import option
 from services.parse.limits import RequestLimits
 from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
@@ -13,7 +13,7 @@ from services.parse.replay import REPLAY_CHOICES
 
 
 @dataclass(frozen=True)
-class ParseSettings(CommonSettings):
+class ParseSettings(MeshServiceSettings):
     """Options of ``python -m services.parse``."""
 
     host: str = option("127.0.0.1", "Address the Parse gRPC server binds.", wiring=True)
@@ -83,6 +83,7 @@ class ParseSettings(CommonSettings):
         return [address.strip() for address in self.router_address.split(",") if address.strip()]
 
     def validate(self) -> None:
+        super().validate()
         if self.template_now:
             try:
                 self.template_clock()

@@ -113,7 +113,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
     server = GrpcServer(tracing, settings.host, settings.port, settings.tls())
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server.server)
     server.add_mux({mux.method_name("Router", "Generate"):
-                    mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})
+                    mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)}, linger=settings.stream_linger())
     await consumer.start()
     if settings.registry_store == "jetstream":
         await read_fleet(nc, settings, consumer, recoverer)

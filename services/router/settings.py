@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common import worker_registry as registry
-from services.common.service_settings import CommonSettings
+from services.common.service_settings import MeshServiceSettings
 from services.common.settings import option
 from services.router.pending import DEFAULT_PENDING_TTL
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
 
 @dataclass(frozen=True)
-class RouterSettings(CommonSettings):
+class RouterSettings(MeshServiceSettings):
     """Where the router listens, where it finds workers, and how it places requests."""
 
     host: str = option("127.0.0.1", "Address the router's gRPC server binds.", wiring=True)
@@ -49,6 +49,7 @@ class RouterSettings(CommonSettings):
              "While every worker is saturated, requests wait in a queue ordered by priority, then arrival.")
 
     def validate(self) -> None:
+        super().validate()
         if self.overlap_weight < 0:
             raise ValueError("--overlap-weight must be >= 0")
         if self.router_temperature < 0:

@@ -99,7 +99,7 @@ async def start_worker(settings: WorkerSettings, tracing: Tracing | None = None)
     prompt_reuse.watch(metrics.registry, servicer.prompts)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server.server)
     server.add_mux({mux.method_name("Worker", "Generate"):
-                    mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)})
+                    mux.MuxMethod(servicer.Generate, worker_pb2.GenerateRequest)}, linger=settings.stream_linger())
     nc = await connect_nats(settings.nats_url, worker_id, token=settings.nats_token, tls=settings.tls())
     try:
         await engine.start()

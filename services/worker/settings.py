@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from services.common import worker_registry as registry
-from services.common.service_settings import CommonSettings
+from services.common.service_settings import MeshServiceSettings
 from services.common.settings import option
 from services.kvcore.config import BatchingConfig
 from services.kvcore.timing import DynamoTiming, StepTiming, TimingModel
@@ -87,7 +87,7 @@ ENGINE_NAMES = tuple(group.NAME for group in ENGINE_GROUPS)
 
 
 @dataclass(frozen=True)
-class WorkerSettings(CommonSettings):
+class WorkerSettings(MeshServiceSettings):
     """A worker: one engine behind the Worker gRPC service, publishing KV events and heartbeats on NATS."""
 
     host: str = option("127.0.0.1", "Address the Worker gRPC service binds.", wiring=True)
@@ -190,6 +190,7 @@ class WorkerSettings(CommonSettings):
         return TrtllmGrpcSettings(target=self.trtllm_grpc_target, connect_timeout=self.trtllm_grpc_connect_timeout)
 
     def validate(self) -> None:
+        super().validate()
         if self.engine not in ENGINE_NAMES:
             raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINE_NAMES)}")
         if self.block_size < 0:
