@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -231,8 +231,10 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
             started = time.monotonic()
             held = self.messages.held(request)  # the messages before request.messages, when it has a base
-            self._limits.check(request, held=len(held))
-            conversation = convert.conversation_from_proto(request, held)
+            if _small(request):
+                conversation = self._conversation(request, held)
+            else:  # ~8 us a message: 40k messages would hold the event loop (and the mux heartbeats) ~0.3 s
+                conversation = await asyncio.to_thread(self._conversation, request, held)
             self.messages.keep(request, conversation.messages, convert.message_size)
             session = session_key(request.identity)
             if _small(request):  # bounded work (see _small): a thread handoff would cost more than the build
@@ -249,6 +251,12 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             self.metrics.prompt_reused_tokens.inc(prompt.reused_tokens)
             # The cap is clamped here, where the prompt is known (a prompt with no room left fails in this span).
             return conversation, prompt, self._format.fit_max_tokens(len(prompt.token_ids), request.sampling.max_tokens)
+
+    def _conversation(self, request: chat_pb2.ChatRequest, held: Sequence[ChatMessage]) -> Conversation:
+        """``request`` checked against the limits and converted, after the ``held`` messages (touches no shared
+        state: it may run off the event loop)."""
+        self._limits.check(request, held=len(held))
+        return convert.conversation_from_proto(request, held)
 
     async def Tokenize(
         self, request: parse_pb2.TokenizeRequest, context: grpc.aio.ServicerContext[Any, Any]

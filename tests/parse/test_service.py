@@ -444,3 +444,27 @@ async def test_a_parse_that_predates_bases_gets_every_message(
         await channel.close()
     assert parse.servicer is not None
     assert (client.messages.shortened, parse.servicer.messages.rebuilt) == (0, 0)
+
+
+async def test_a_large_requests_checks_and_conversion_run_off_the_event_loop(
+    mesh: tuple[FakeRouter, Any, RunningParse], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Converting 40k messages holds a thread ~0.3 s: on the event loop that silenced the service's mux
+    heartbeats past the gateway's liveness window (a 503 for a request that deserved its 400)."""
+    import threading
+
+    _, stub, _ = mesh
+    threads: list[threading.Thread] = []
+    convert_one = convert.conversation_from_proto
+
+    def recording(request: chat_pb2.ChatRequest, held: Any = ()) -> Any:
+        threads.append(threading.current_thread())
+        return convert_one(request, held)
+
+    monkeypatch.setattr(convert, "conversation_from_proto", recording)
+    await collect(stub, chat_request())
+    large = chat_request()
+    large.messages.extend(chat_pb2.Message(role="user", parts=[chat_pb2.Part(text=f"m{i}")]) for i in range(100))
+    await collect(stub, large)
+    assert threads[0] is threading.main_thread()  # small: a thread hand-off would cost more than the work
+    assert threads[1] is not threading.main_thread()
