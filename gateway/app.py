@@ -247,11 +247,12 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
     store = responses_store
     if store is None:
         store = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
-    tokenize = TokenizeApi(parse)
-    chat = ChatCompletions(parse, tool_dispatch=settings.enable_streaming_tool_dispatch)
+    tokenize = TokenizeApi(parse, max_messages=settings.max_messages)
+    chat = ChatCompletions(parse, tool_dispatch=settings.enable_streaming_tool_dispatch,
+                           max_messages=settings.max_messages)
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
-        *responses_routes(ResponsesApi(parse, store)),
+        *responses_routes(ResponsesApi(parse, store, max_items=settings.max_messages)),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/health", models.health, methods=["GET"]),

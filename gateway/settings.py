@@ -40,6 +40,9 @@ class GatewaySettings(CommonSettings):
         "comes within about 1 + this many TTFTs under overload (0: only --max-queue-wait bounds the wait).")
     max_request_bytes: int = option(
         32 << 20, "Largest request body accepted (bytes); a larger one gets 413 before it is read past the limit.")
+    max_messages: int = option(
+        10_000, "Most messages (Responses API: input items) one request may carry (0: no limit); more is a 400 "
+        "before the body is validated or converted. harnessmesh up gives the parse service the same limit.")
     enable_anthropic_api: bool = option(
         True, "Serve the Anthropic Messages API (POST /v1/messages, POST /v1/messages/count_tokens).")
     strip_anthropic_preamble: bool = option(
@@ -101,6 +104,8 @@ class GatewaySettings(CommonSettings):
         return out
 
     def validate(self) -> None:
+        if self.max_messages < 0:
+            raise ValueError("--max-messages must be >= 0 (0: no limit)")
         for name in ("http_port", "grpc_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:

@@ -22,13 +22,14 @@ from services.common import errors
 
 
 class TokenizeApi:
-    """``/tokenize`` and ``/detokenize`` over a ``ParseClient``."""
+    """``/tokenize`` and ``/detokenize`` over a ``ParseClient``; ``max_messages`` as for chat (0: any number)."""
 
-    def __init__(self, parse: ParseClient) -> None:
+    def __init__(self, parse: ParseClient, *, max_messages: int = 0) -> None:
         self._parse = parse
+        self._max_messages = max_messages
 
     async def tokenize(self, request: Request) -> Response:
-        raw = await read_json(request)
+        raw = await read_json(request, items="messages", max_items=self._max_messages)
         if not isinstance(raw, dict):
             raise errors.InvalidRequestError("request body must be a JSON object")
         if "messages" in raw:

@@ -20,6 +20,7 @@ def anthropic_routes(parse: ParseClient, settings: GatewaySettings) -> list[Rout
         parse,
         ThinkingSigner(settings.thinking_signature_key),
         strip=settings.strip_anthropic_preamble,
+        max_messages=settings.max_messages,
     )
     return [
         Route("/v1/messages", api.messages, methods=["POST"]),

@@ -30,7 +30,8 @@ class MessagesApi:
     """The Anthropic Messages endpoints over a ``ParseClient``.
 
     ``strip`` is the default of the billing-header strip (``--strip-anthropic-preamble``);
-    ``ping_interval`` is the longest silence of a stream before a ``ping`` event.
+    ``ping_interval`` is the longest silence of a stream before a ``ping`` event; ``max_messages``: most
+    messages a request may carry (0: any number).
     """
 
     def __init__(
@@ -40,15 +41,17 @@ class MessagesApi:
         *,
         strip: bool = True,
         ping_interval: float = 10.0,
+        max_messages: int = 0,
     ) -> None:
         self._parse = parse
         self._signer = signer
         self._strip = strip
+        self._max_messages = max_messages
         self.endpoint = TurnEndpoint(FRAMING, keep_alive_interval=ping_interval)
         self.converted = converted_messages()  # a next turn converts only its new messages
 
     async def _body(self, request: Request, cls: type[_Body]) -> tuple[Any, _Body]:
-        raw = await read_json(request)
+        raw = await read_json(request, items="messages", max_items=self._max_messages)
         try:
             return raw, cls.model_validate(raw)
         except ValidationError as exc:

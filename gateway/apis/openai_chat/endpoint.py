@@ -21,17 +21,19 @@ FRAMING = Framing(event=sse_event, end=b"data: [DONE]\n\n")
 class ChatCompletions:
     """The chat completions endpoint over a ``ParseClient``.
 
-    ``tool_dispatch``: stream each tool call dispatch as an ``event: tool_call_dispatch`` SSE event too.
+    ``tool_dispatch``: stream each tool call dispatch as an ``event: tool_call_dispatch`` SSE event too;
+    ``max_messages``: most messages a request may carry (0: any number).
     """
 
-    def __init__(self, parse: ParseClient, *, tool_dispatch: bool = False) -> None:
+    def __init__(self, parse: ParseClient, *, tool_dispatch: bool = False, max_messages: int = 0) -> None:
         self._parse = parse
         self._tool_dispatch = tool_dispatch
+        self._max_messages = max_messages
         self._endpoint = TurnEndpoint(FRAMING)
         self.converted = ConvertedMessages(message_size)  # a next turn converts only its new messages
 
     async def handle(self, request: Request) -> Response:
-        raw = await read_json(request)
+        raw = await read_json(request, items="messages", max_items=self._max_messages)
         body = ChatCompletionRequest.model_validate(raw)
         public, info = await self._parse.resolve_model(body.model)
         completion_id = new_request_id(request, "chatcmpl-")

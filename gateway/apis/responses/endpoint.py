@@ -56,17 +56,19 @@ def _skeleton(body: ResponsesRequest, raw: dict[str, Any], response_id: str, mod
 class ResponsesApi:
     """The Responses endpoint over a ``ParseClient`` and a ``ResponseStorage`` (memory or JetStream).
 
-    SSE frames carry ``event:`` lines (``TYPED``); there is no ``[DONE]`` and no keep-alive.
+    SSE frames carry ``event:`` lines (``TYPED``); there is no ``[DONE]`` and no keep-alive. ``max_items``:
+    most input items a request may carry (0: any number).
     """
 
-    def __init__(self, parse: ParseClient, store: ResponseStorage) -> None:
+    def __init__(self, parse: ParseClient, store: ResponseStorage, *, max_items: int = 0) -> None:
         self._parse = parse
         self._store = store
+        self._max_items = max_items
         self._endpoint = TurnEndpoint(TYPED)
         self.converted = converted_runs()  # a next turn converts only its new items
 
     async def create(self, request: Request) -> Response:
-        raw = await read_json(request)
+        raw = await read_json(request, items="input", max_items=self._max_items)
         body = ResponsesRequest.model_validate(raw)
         public, info = await self._parse.resolve_model(body.model)
         history: tuple[chat_pb2.Message, ...] = ()
