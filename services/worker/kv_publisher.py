@@ -6,8 +6,11 @@
   handed its tokens to the stream writer: ``YIELDS_BEFORE_FIRST``). Decoding, an engine fills a block
   every few steps per stream; one message per step (~1,400 a second at 8 streams) cost the router more
   than the tokens did (1,024-token outputs at concurrency 8: ~21-31k tokens/s with none, ~36-54k with
-  2 ms, noisy runs of ``bench/vs_dynamo.py``'s metric 5 workload). Event ids are consecutive per worker
-  (assigned by the engine).
+  2 ms, noisy runs of ``bench/vs_dynamo.py``'s metric 5 workload), and 5 ms (the default since) against
+  2 ms gave +12 % and +33 % tokens/s again (-11 % and -22 % CPU per request; two meshes side by side,
+  positions swapped); the router counts a placement's prompt blocks as held from its own decision, so a
+  few milliseconds of lag cost routing nothing (``services/router/pending.py``). Event ids are
+  consecutive per worker (assigned by the engine).
   The last ``buffer_size`` published events are kept in :attr:`KvPublisher.recent` for replay, and the
   cached blocks they describe, with each one's parent, in :attr:`KvPublisher.blocks` for dumps (``kv_recovery.py``), so
   recovery works the same for every engine.

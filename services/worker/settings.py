@@ -153,7 +153,7 @@ class WorkerSettings(MeshServiceSettings):
         "Under `harnessmesh up` the launcher waits up to 10 s per child.")
     event_buffer: int = option(4096, "Recently published KV events kept for replay.")
     kv_events_linger_ms: float = option(
-        2.0, "Least milliseconds between two KV event publishes: what the engine emits meanwhile goes in one "
+        5.0, "Least milliseconds between two KV event publishes: what the engine emits meanwhile goes in one "
         "NATS message (the first events after a quiet spell go at once; 0: one message per engine step).")
 
     # -- the groups each engine is given ------------------------------------------------------------
