@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.service_settings import CommonSettings
+from services.common.service_settings import DEFAULT_MAX_MESSAGES, CommonSettings
 from services.common.settings import option
 
 
@@ -41,7 +41,8 @@ class GatewaySettings(CommonSettings):
     max_request_bytes: int = option(
         32 << 20, "Largest request body accepted (bytes); a larger one gets 413 before it is read past the limit.")
     max_messages: int = option(
-        10_000, "Most messages (Responses API: input items) one request may carry (0: no limit); more is a 400 "
+        DEFAULT_MAX_MESSAGES,
+        "Most messages (Responses API: input items) one request may carry (0: no limit); more is a 400 "
         "before the body is validated or converted. harnessmesh up gives the parse service the same limit.")
     enable_anthropic_api: bool = option(
         True, "Serve the Anthropic Messages API (POST /v1/messages, POST /v1/messages/count_tokens).")

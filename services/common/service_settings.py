@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.mux import DEFAULT_LINGER
 from services.common.settings import option
 from services.common.tls import TlsFiles
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The one default of --max-messages, which the gateway and the parse service both check (harnessmesh up
+# gives both the same value).
+DEFAULT_MAX_MESSAGES = 10_000
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,8 @@ class MeshServiceSettings(CommonSettings):
     sessions batch frames (``services/common/mux.py``)."""
 
     stream_linger_ms: float = option(
-        2.0, "Least milliseconds between two messages of plain stream frames to one peer (parse, router and worker "
+        DEFAULT_LINGER * 1000,
+        "Least milliseconds between two messages of plain stream frames to one peer (parse, router and worker "
         "send every stream's frames to a peer on one gRPC stream): what the streams produce meanwhile goes in the "
         "same message. A stream's first frame and its end never wait; an engine stepping slower than this never "
         "waits either. 0: a message whenever the writer is free.", shared=True)

@@ -231,13 +231,14 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
             started = time.monotonic()
             held = self.messages.held(request)  # the messages before request.messages, when it has a base
-            if _small(request):
+            small = _small(request)
+            if small:
                 conversation = self._conversation(request, held)
             else:  # ~8 us a message: 40k messages would hold the event loop (and the mux heartbeats) ~0.3 s
                 conversation = await asyncio.to_thread(self._conversation, request, held)
             self.messages.keep(request, conversation.messages, convert.message_size)
             session = session_key(request.identity)
-            if _small(request):  # bounded work (see _small): a thread handoff would cost more than the build
+            if small:  # bounded work (see _small): a thread handoff would cost more than the build
                 prompt = self._format.build_prompt(conversation, session=session)
             else:
                 prompt = await asyncio.to_thread(self._format.build_prompt, conversation, session=session)

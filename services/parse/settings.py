@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from services.common.service_settings import MeshServiceSettings
+from services.common.service_settings import DEFAULT_MAX_MESSAGES, MeshServiceSettings
 from services.common.settings import option
 from services.parse.limits import RequestLimits
 from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
@@ -58,7 +58,8 @@ class ParseSettings(MeshServiceSettings):
     reasoning_replay: str = option(
         "auto", "How earlier turns' reasoning is replayed: pass (as reasoning_content), reinsert (in the model's "
         "markers), drop; auto: pass when the chat template reads reasoning, else drop.", choices=REPLAY_CHOICES)
-    max_messages: int = option(10_000, "Most messages one request may carry (0: no limit); more is a 400.")
+    max_messages: int = option(
+        DEFAULT_MAX_MESSAGES, "Most messages one request may carry (0: no limit); more is a 400.")
     max_tools: int = option(1_000, "Most tools one request may declare (0: no limit); more is a 400.")
     max_message_parts: int = option(1_000, "Most parts (texts, reasoning, tool calls) per message (0: no limit).")
     max_text_chars: int = option(
