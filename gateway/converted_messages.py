@@ -14,10 +14,14 @@ dropped first.
 The API's converter owns what a converted message is (``Unit``): the chat API's is one message, the
 Messages API's the several a user message with tool results becomes, with the tool calls it names, the
 Responses API's a run of input items (those merged into one assistant turn stay in one run).
+
+A large request converts in a worker thread (``JsonBody.run``), so two may meet here: a lock covers the
+lookup and the update of the kept conversations, never a conversion.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -30,7 +34,7 @@ Unit = TypeVar("Unit")
 
 
 class ConvertedMessages(Generic[Unit]):
-    """Recent conversations' message keys and their conversions (one gateway, one event loop).
+    """Recent conversations' message keys and their conversions (one gateway; safe across threads).
 
     ``size`` gives a converted message's size in bytes (for ``MIN_BYTES``).
     """
@@ -41,6 +45,7 @@ class ConvertedMessages(Generic[Unit]):
         self._probes = probes  # recent conversations compared, newest first
         self._lines: OrderedDict[int, tuple[list[Any], list[Unit]]] = OrderedDict()
         self._next = 0
+        self._lock = threading.Lock()
         self.reused = 0  # messages taken from a kept conversation
 
     def convert(self, keys: Sequence[Any], convert_one: Callable[[int], Unit],
@@ -49,17 +54,20 @@ class ConvertedMessages(Generic[Unit]):
         sharing the most leading keys with ``keys``, else ``convert_one(i)`` (called in order, after
         ``resume`` was given the conversions taken, so that it can restore what converting them set up)."""
         keys = list(keys)
-        best, line = self._longest_kept(keys)
-        units = self._lines[line][1][:best] if best else []
+        with self._lock:
+            best, line = self._longest_kept(keys)
+            units = self._lines[line][1][:best] if best else []
         resume(units)
         units.extend(convert_one(i) for i in range(best, len(keys)))
         if best < len(keys) and sum(map(self._size, units)) >= MIN_BYTES:  # (all of it known: nothing new to keep)
-            if best and best == len(self._lines[line][0]):  # it continues that conversation: keep the longer
-                del self._lines[line]
-            self._lines[self._next] = (keys, units)
-            self._next += 1
-            while len(self._lines) > self._max:
-                self._lines.popitem(last=False)
+            with self._lock:
+                kept = self._lines.get(line) if best else None
+                if kept is not None and best == len(kept[0]):  # it continues that conversation: keep the longer
+                    del self._lines[line]
+                self._lines[self._next] = (keys, units)
+                self._next += 1
+                while len(self._lines) > self._max:
+                    self._lines.popitem(last=False)
         return units
 
     def _longest_kept(self, keys: list[Any]) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -16,7 +17,7 @@ from gateway.apis.canonical import identity_and_hints
 from gateway.apis.openai_chat.convert import convert_message, convert_tools
 from gateway.apis.openai_chat.models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 from gateway.parse_client import ParseClient
-from gateway.streaming import read_json
+from gateway.streaming import read_json, validate_body
 from services.api import chat_pb2, parse_pb2
 from services.common import errors
 
@@ -29,26 +30,14 @@ class TokenizeApi:
         self._max_messages = max_messages
 
     async def tokenize(self, request: Request) -> Response:
-        raw = await read_json(request, items="messages", max_items=self._max_messages)
+        json_body = await read_json(request, items="messages", max_items=self._max_messages)
+        raw = json_body.value
         if not isinstance(raw, dict):
             raise errors.InvalidRequestError("request body must be a JSON object")
         if "messages" in raw:
-            body = TokenizeChatRequest.model_validate(raw)
+            body = await json_body.run(lambda: validate_body(TokenizeChatRequest, json_body, "messages"))
             _, info = await self._parse.resolve_model(body.model)
-            identity, hints = identity_and_hints(request.headers, None, None)
-            tools = convert_tools(body.tools)
-            chat = chat_pb2.ChatRequest(
-                request_id="tok-" + uuid.uuid4().hex,
-                model=info.served_model_name,
-                messages=[convert_message(m, i) for i, m in enumerate(body.messages)],
-                tools=tools,
-                tool_choice=chat_pb2.ToolChoice(mode="auto"),
-                identity=identity,
-                hints=hints,
-                chat_template_kwargs_json=json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else "",
-                add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-                continue_final_message=body.continue_final_message,
-            )
+            chat = await json_body.run(lambda: _chat(body, request.headers, info.served_model_name))
             tok = parse_pb2.TokenizeRequest(chat=chat)
         elif "prompt" in raw:
             prompt_body = TokenizePromptRequest.model_validate(raw)
@@ -63,6 +52,22 @@ class TokenizeApi:
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": reply.max_model_len})
 
     async def detokenize(self, request: Request) -> Response:
-        body = DetokenizeRequest.model_validate(await read_json(request))
+        body = DetokenizeRequest.model_validate((await read_json(request)).value)
         await self._parse.resolve_model(body.model)
         return JSONResponse({"prompt": await self._parse.detokenize(body.tokens)})
+
+
+def _chat(body: TokenizeChatRequest, headers: Headers, model: str) -> chat_pb2.ChatRequest:
+    identity, hints = identity_and_hints(headers, None, None)
+    return chat_pb2.ChatRequest(
+        request_id="tok-" + uuid.uuid4().hex,
+        model=model,
+        messages=[convert_message(m, i) for i, m in enumerate(body.messages)],
+        tools=convert_tools(body.tools),
+        tool_choice=chat_pb2.ToolChoice(mode="auto"),
+        identity=identity,
+        hints=hints,
+        chat_template_kwargs_json=json.dumps(body.chat_template_kwargs) if body.chat_template_kwargs else "",
+        add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+        continue_final_message=body.continue_final_message,
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 from pydantic import ValidationError
@@ -16,7 +16,7 @@ from gateway.apis.anthropic.models import CountTokensRequest, MessagesRequest
 from gateway.apis.anthropic.signing import ThinkingSigner
 from gateway.boundary import new_request_id
 from gateway.parse_client import ParseClient
-from gateway.streaming import TYPED, Framing, TurnEndpoint, annotate_span, read_json
+from gateway.streaming import TYPED, Framing, JsonBody, TurnEndpoint, annotate_span, read_json, validate_body
 from services.api import chat_pb2, parse_pb2
 
 log = structlog.get_logger()
@@ -50,32 +50,33 @@ class MessagesApi:
         self.endpoint = TurnEndpoint(FRAMING, keep_alive_interval=ping_interval)
         self.converted = converted_messages()  # a next turn converts only its new messages
 
-    async def _body(self, request: Request, cls: type[_Body]) -> tuple[Any, _Body]:
-        raw = await read_json(request, items="messages", max_items=self._max_messages)
+    async def _body(self, request: Request, cls: type[_Body]) -> tuple[JsonBody, _Body]:
+        json_body = await read_json(request, items="messages", max_items=self._max_messages)
         try:
-            return raw, cls.model_validate(raw)
+            return json_body, await json_body.run(lambda: validate_body(cls, json_body, "messages"))
         except ValidationError as exc:
             raise from_validation_error(exc) from exc
 
-    async def _convert(self, raw: Any, body: CountTokensRequest, request: Request, request_id: str) -> tuple[
-            str, chat_pb2.ChatRequest]:
+    async def _convert(self, json_body: JsonBody, body: CountTokensRequest, request: Request, request_id: str
+                       ) -> tuple[str, chat_pb2.ChatRequest]:
         public, info = await self._parse.resolve_model(body.model)
-        chat = chat_request(body, request.headers, model=info.served_model_name, request_id=request_id,
-                            strip=strip_preamble(request.headers, self._strip),
-                            raw_messages=raw.get("messages"), converted=self.converted)
+        strip = strip_preamble(request.headers, self._strip)
+        chat = await json_body.run(lambda: chat_request(
+            body, request.headers, model=info.served_model_name, request_id=request_id, strip=strip,
+            raw_messages=json_body.value.get("messages"), converted=self.converted))
         annotate_span(chat)
         return public, chat
 
     async def count_tokens(self, request: Request) -> Response:
-        raw, body = await self._body(request, CountTokensRequest)
-        _, chat = await self._convert(raw, body, request, new_request_id(request, "count-"))
+        json_body, body = await self._body(request, CountTokensRequest)
+        _, chat = await self._convert(json_body, body, request, new_request_id(request, "count-"))
         reply = await self._parse.tokenize(parse_pb2.TokenizeRequest(chat=chat))
         return JSONResponse({"input_tokens": len(reply.token_ids)})
 
     async def messages(self, request: Request) -> Response:
-        raw, body = await self._body(request, MessagesRequest)
+        json_body, body = await self._body(request, MessagesRequest)
         message_id = new_request_id(request, "msg_")
-        public, chat = await self._convert(raw, body, request, message_id)
+        public, chat = await self._convert(json_body, body, request, message_id)
         verdicts = self._signer.verdicts(thinking_blocks(body))
         if verdicts and set(verdicts) != {"valid"}:
             log.info("gateway.anthropic.thinking_signatures", request_id=message_id, verdicts=dict(verdicts))

@@ -13,7 +13,7 @@ from gateway.apis.openai_chat.models import ChatCompletionRequest
 from gateway.boundary import new_request_id
 from gateway.converted_messages import ConvertedMessages, message_size
 from gateway.parse_client import ParseClient
-from gateway.streaming import Framing, TurnEndpoint, annotate_span, read_json
+from gateway.streaming import Framing, TurnEndpoint, annotate_span, read_json, validate_body
 
 FRAMING = Framing(event=sse_event, end=b"data: [DONE]\n\n")
 
@@ -33,12 +33,14 @@ class ChatCompletions:
         self.converted = ConvertedMessages(message_size)  # a next turn converts only its new messages
 
     async def handle(self, request: Request) -> Response:
-        raw = await read_json(request, items="messages", max_items=self._max_messages)
-        body = ChatCompletionRequest.model_validate(raw)
+        json_body = await read_json(request, items="messages", max_items=self._max_messages)
+        raw = json_body.value
+        body = await json_body.run(lambda: validate_body(ChatCompletionRequest, json_body, "messages"))
         public, info = await self._parse.resolve_model(body.model)
         completion_id = new_request_id(request, "chatcmpl-")
-        chat = chat_request(body, request.headers, model=info.served_model_name, request_id=completion_id,
-                            raw_messages=raw.get("messages"), converted=self.converted)
+        chat = await json_body.run(lambda: chat_request(
+            body, request.headers, model=info.served_model_name, request_id=completion_id,
+            raw_messages=raw.get("messages"), converted=self.converted))
         annotate_span(chat)
         include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
         encoder = ChunkEncoder(completion_id, public, int(time.time()), include_usage=include_usage,

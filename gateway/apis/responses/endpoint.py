@@ -15,7 +15,7 @@ from gateway.apis.responses.models import ResponsesRequest
 from gateway.apis.responses.store import ResponseStorage
 from gateway.boundary import new_request_id
 from gateway.parse_client import ParseClient
-from gateway.streaming import TYPED, TurnEndpoint, annotate_span, read_json
+from gateway.streaming import TYPED, TurnEndpoint, annotate_span, read_json, validate_body
 from services.api import chat_pb2
 from services.common import errors
 
@@ -68,8 +68,9 @@ class ResponsesApi:
         self.converted = converted_runs()  # a next turn converts only its new items
 
     async def create(self, request: Request) -> Response:
-        raw = await read_json(request, items="input", max_items=self._max_items)
-        body = ResponsesRequest.model_validate(raw)
+        json_body = await read_json(request, items="input", max_items=self._max_items)
+        raw = json_body.value
+        body = await json_body.run(lambda: validate_body(ResponsesRequest, json_body, "input"))
         public, info = await self._parse.resolve_model(body.model)
         history: tuple[chat_pb2.Message, ...] = ()
         if body.previous_response_id:
@@ -82,8 +83,9 @@ class ResponsesApi:
                 )
             history = stored.conversation
         response_id = new_request_id(request, "resp_")
-        converted = chat_request(body, request.headers, history, model=info.served_model_name,
-                                 request_id=response_id, converted=self.converted)
+        converted = await json_body.run(lambda: chat_request(
+            body, request.headers, history, model=info.served_model_name, request_id=response_id,
+            converted=self.converted))
         annotate_span(converted.chat)
         include = set(body.include or ())
         encoder = ResponseEncoder(_skeleton(body, raw, response_id, public), converted.tools,
