@@ -15,7 +15,7 @@ from opentelemetry import trace
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2
 from services.common import errors, token_bytes
 from services.common.errors import InternalError, InvalidRequestError, MeshError
-from services.common.message_reuse import MessageStore
+from services.common.message_reuse import HeldLine, MessageStore
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
@@ -232,11 +232,12 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             started = time.monotonic()
             held = self.messages.held(request)  # the messages before request.messages, when it has a base
             small = _small(request)
+            base = self.messages.base_digests(request)
             if small:
-                conversation = self._conversation(request, held)
-            else:  # ~8 us a message: 40k messages would hold the event loop (and the mux heartbeats) ~0.3 s
-                conversation = await asyncio.to_thread(self._conversation, request, held)
-            self.messages.keep(request, conversation.messages, convert.message_size)
+                conversation, kept = self._conversation(request, held, base)
+            else:  # ~11 us a message: 40k messages would hold the event loop (and the mux heartbeats) ~0.4 s
+                conversation, kept = await asyncio.to_thread(self._conversation, request, held, base)
+            self.messages.put(request, kept)
             session = session_key(request.identity)
             if small:  # bounded work (see _small): a thread handoff would cost more than the build
                 prompt = self._format.build_prompt(conversation, session=session)
@@ -253,11 +254,14 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             # The cap is clamped here, where the prompt is known (a prompt with no room left fails in this span).
             return conversation, prompt, self._format.fit_max_tokens(len(prompt.token_ids), request.sampling.max_tokens)
 
-    def _conversation(self, request: chat_pb2.ChatRequest, held: Sequence[ChatMessage]) -> Conversation:
-        """``request`` checked against the limits and converted, after the ``held`` messages (touches no shared
-        state: it may run off the event loop)."""
+    def _conversation(self, request: chat_pb2.ChatRequest, held: Sequence[ChatMessage], base: list[int]
+                      ) -> tuple[Conversation, HeldLine[ChatMessage] | None]:
+        """``request`` checked against the limits and converted, after the ``held`` messages (whose digests are
+        ``base``), and what the message store is to keep of it (touches no shared state: it may run off the
+        event loop)."""
         self._limits.check(request, held=len(held))
-        return convert.conversation_from_proto(request, held)
+        conversation = convert.conversation_from_proto(request, held)
+        return conversation, MessageStore.prepare(request, base, conversation.messages, convert.message_size)
 
     async def Tokenize(
         self, request: parse_pb2.TokenizeRequest, context: grpc.aio.ServicerContext[Any, Any]
