@@ -1,12 +1,13 @@
 """How long the largest requests the gateway accepts hold its event loop (issue 14: ~100 ms at most).
 
-    python bench/loop_stall.py [--messages 10000] [--requests 4]
+    python bench/loop_stall.py [--messages 10000] [--requests 4] [--path /health]
 
 Starts ``harnessmesh up`` (one mocker worker). For each JSON API that carries a conversation (chat
 completions, Messages, Responses) it sends ``--requests`` bodies of ``--messages`` short messages (10,000:
 the ``--max-messages`` default) one after another, while a second connection asks the gateway-only
 ``GET /health`` every 2 ms. The gateway answers /health at once unless its loop is held, so the slowest
-/health answer during a large request is the longest the loop was held. Printed per API: each request's
+/health answer during a large request is the longest the loop was held. ``--path /ready`` asks the parse
+service too (its model info and readiness), so it adds parse's loop to the gateway's. Printed per API: each request's
 status and slowest /health, in ms, and the ratio of the worst to the slowest /health with no large
 request in flight (the baseline, measured first in the same run).
 
@@ -59,12 +60,12 @@ def bodies(n: int) -> dict[str, tuple[str, dict[str, Any], dict[str, str]]]:
     }
 
 
-async def slowest_health(small: httpx.AsyncClient, during: asyncio.Future[Any]) -> float:
-    """The slowest /health answer (seconds) while ``during`` runs."""
+async def slowest_health(small: httpx.AsyncClient, path: str, during: asyncio.Future[Any]) -> float:
+    """The slowest answer to ``GET path`` (seconds) while ``during`` runs."""
     slowest = 0.0
     while not during.done():
         start = time.perf_counter()
-        await small.get("/health")
+        await small.get(path)
         slowest = max(slowest, time.perf_counter() - start)
         await asyncio.sleep(POLL_INTERVAL)
     return slowest
@@ -73,10 +74,10 @@ async def slowest_health(small: httpx.AsyncClient, during: asyncio.Future[Any]) 
 async def measure(url: str, args: argparse.Namespace) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=300) as big, \
             httpx.AsyncClient(base_url=url, timeout=60) as small:
-        await small.get("/health")  # the connection's set-up is not the loop's
+        await small.get(args.path)  # the connection's set-up is not the loop's
         idle = asyncio.ensure_future(asyncio.sleep(1.0))
-        baseline = await slowest_health(small, idle)
-        print(f"baseline (no large request): slowest /health {baseline * 1e3:.1f} ms")
+        baseline = await slowest_health(small, args.path, idle)
+        print(f"baseline (no large request): slowest {args.path} {baseline * 1e3:.1f} ms")
         worst_all = 0.0
         for name, (path, body, headers) in bodies(args.messages).items():
             content = orjson.dumps(body)
@@ -84,7 +85,7 @@ async def measure(url: str, args: argparse.Namespace) -> None:
             for _ in range(args.requests):
                 post = asyncio.ensure_future(big.post(path, content=content,
                                                       headers={"content-type": "application/json", **headers}))
-                slowest = await slowest_health(small, post)
+                slowest = await slowest_health(small, args.path, post)
                 worst_all = max(worst_all, slowest)
                 response = post.result()
                 if response.status_code != 200 and not cells:
@@ -98,6 +99,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--path", default="/health", help="what to ask meanwhile: /health (the gateway's loop), "
+                        "/ready (and the parse service's)")
     args = parser.parse_args()
     cfg = EngineConfig()
     with tempfile.TemporaryDirectory() as tmp:
