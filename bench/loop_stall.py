@@ -19,6 +19,12 @@ validating its messages 256 at a time)::
                       worst 244 ms = 35.1x the baseline
     after  (3dd5f31): baseline 6.3   chat  30 24 25 21   messages  29 17 28 27   responses  24 18 35 23
                       worst  35 ms =  5.5x the baseline
+
+With ``--path /ready`` (the gateway's loop and the parse service's), at 1f72db8 and at 7b8752a (the GIL's
+switch interval 1 ms instead of 5: ``services/common/runtime.py``)::
+
+    1f72db8: chat 82 83 76 42   messages 85 82 73 68   responses 102 59 57 63   worst 102 ms
+    7b8752a: chat 32 52 43 52   messages 43 46 40 42   responses  64 47 46 47   worst  64 ms
 """
 
 from __future__ import annotations
