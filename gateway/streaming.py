@@ -52,7 +52,7 @@ ParseStream = AsyncGenerator[chat_pb2.ChatEventBatch, None]
 MAX_JSON_DEPTH = 254
 
 
-# A body over either limit is parsed, validated and converted in a worker thread, as the parse service
+# A body over either limit is validated and converted in a worker thread, as the parse service
 # builds such a request's prompt (``INLINE_BUILD_*``): below them the thread hand-off (~0.1 ms) costs more
 # than the work; above, the work grows with the body (~18 us a message) and would hold the event loop, and
 # every other request on it, for as long (0.18 s for 10,000 tiny messages, seconds for a 32 MB body).
@@ -115,10 +115,11 @@ async def read_json(request: Request, *, items: str = "", max_items: int = 0) ->
 
     ``items``, ``max_items``: the body's list of messages (or input items) holds at most ``max_items``
     (``--max-messages``; 0: any number), else a 400 before anything validates or converts it. A body over
-    ``INLINE_BODY_BYTES`` is parsed in a worker thread; one over either ``INLINE_BODY_*`` limit is ``large``."""
+    either ``INLINE_BODY_*`` limit is ``large``. It is parsed here all the same: orjson holds the GIL
+    throughout (~2 ms a MB), so a thread would free nothing and add a hand-off."""
     body = await request.body()
     large = len(body) > INLINE_BODY_BYTES
-    value = await asyncio.to_thread(_loads, body) if large else _loads(body)
+    value = _loads(body)
     listed = value.get(items) if items and isinstance(value, dict) else None
     if isinstance(listed, list):
         if max_items and len(listed) > max_items:

@@ -76,7 +76,7 @@ async def test_a_large_malformed_body_is_still_a_400_in_the_apis_shape(
     fake_parse: tuple[FakeParse, str], gateway_factory: Callable[..., Awaitable[Gateway]],
 ) -> None:
     gateway = await gateway_factory(fake_parse[1])
-    padding = "x" * 40_000  # over INLINE_BODY_BYTES: parsed in a thread
+    padding = "x" * 40_000  # over INLINE_BODY_BYTES: validated in a thread
     async with httpx.AsyncClient(base_url=gateway.http_url, timeout=20) as http:
         bad_json = await http.post("/v1/chat/completions", content=b'{"model": "demo", "pad": "' + padding.encode())
         assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
