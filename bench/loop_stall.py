@@ -12,13 +12,16 @@ status and slowest /health, in ms, and the ratio of the worst to the slowest /he
 request in flight (the baseline, measured first in the same run).
 
 Recorded (2 shared vCPUs; 9,999 messages, ~360 KB, 4 requests per API; each request's slowest /health, ms),
-before and after 3dd5f31 (a large body parsed, validated and converted in a worker thread, pydantic
+before and after 3dd5f31 (a large body validated and converted in a worker thread, pydantic
 validating its messages 256 at a time)::
 
     before (72c6558): baseline 7.0   chat 159 85 70 66   messages 202 82 85 68   responses 244 78 50 83
                       worst 244 ms = 35.1x the baseline
     after  (3dd5f31): baseline 6.3   chat  30 24 25 21   messages  29 17 28 27   responses  24 18 35 23
                       worst  35 ms =  5.5x the baseline
+    793cbf0 (+ the 1 ms GIL switch interval; JSON parsed on the loop again):
+                      baseline 6.2   chat  21 20 20 22   messages  21 21 22 25   responses  16 13 19 23
+                      worst  25 ms =  4.0x the baseline
 
 With ``--path /ready`` (the gateway's loop and the parse service's), at 1f72db8 and at 7b8752a (the GIL's
 switch interval 1 ms instead of 5: ``services/common/runtime.py``)::
