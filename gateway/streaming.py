@@ -84,8 +84,9 @@ Model = TypeVar("Model", bound=BaseModel)
 
 def validate_body(model: type[Model], body: JsonBody, items: str) -> Model:
     """``model.model_validate(body.value)``. A large body's ``items`` list is validated ``VALIDATE_CHUNK`` items
-    at a time (the thread lets go of the GIL between chunks), with the same errors' locations; the rest of
-    the body, and the list's own constraints, with its first item. ``model`` must not validate across items."""
+    at a time (the thread lets go of the GIL between chunks); the rest of the body, and the list's own
+    constraints, with its first item. An invalid item is reported as one call reports it (that call
+    raises). ``model`` must not validate across items."""
     raw = body.value
     listed = raw.get(items) if isinstance(raw, dict) else None
     if not body.large or not isinstance(listed, list) or len(listed) <= VALIDATE_CHUNK:
@@ -96,10 +97,8 @@ def validate_body(model: type[Model], body: JsonBody, items: str) -> Model:
     for start in range(1, len(listed), VALIDATE_CHUNK):
         try:
             validated.extend(adapter.validate_python(listed[start : start + VALIDATE_CHUNK]))
-        except ValidationError as exc:
-            errors_at = [{**error, "loc": (items, error["loc"][0] + start, *error["loc"][1:])}  # type: ignore[operator]
-                         for error in exc.errors()]
-            raise ValidationError.from_exception_data(model.__name__, errors_at) from None  # type: ignore[arg-type]
+        except ValidationError:
+            return model.model_validate(raw)  # raises: the errors one call gives (a bad body's cost is its own)
     return head.model_copy(update={items: validated})
 
 

@@ -100,4 +100,4 @@ def test_validating_in_chunks_gives_what_one_call_gives(model: type[BaseModel]) 
     with pytest.raises(ValidationError) as chunked:
         validate_body(model, JsonBody(bad, large=True), "messages")
     assert chunked.value.errors()[0]["loc"][:2] == ("messages", 300)
-    assert [e["loc"] for e in chunked.value.errors()] == [e["loc"] for e in one_call.value.errors()]
+    assert chunked.value.errors() == one_call.value.errors()
