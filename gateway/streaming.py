@@ -37,6 +37,7 @@ from gateway.turn import TurnFold
 from gateway.turn_tracking import annotate_chat_span
 from services.api import chat_pb2
 from services.common import errors
+from services.common.service_settings import INLINE_WORK_BYTES, INLINE_WORK_MESSAGES
 
 Frame = dict[str, Any]
 ParseStream = AsyncGenerator[chat_pb2.ChatEventBatch, None]
@@ -52,43 +53,42 @@ ParseStream = AsyncGenerator[chat_pb2.ChatEventBatch, None]
 MAX_JSON_DEPTH = 254
 
 
-# A body over either limit is validated and converted in a worker thread, as the parse service
-# builds such a request's prompt (``INLINE_BUILD_*``): below them the thread hand-off (~0.1 ms) costs more
-# than the work; above, the work grows with the body (~18 us a message) and would hold the event loop, and
-# every other request on it, for as long (0.18 s for 10,000 tiny messages, seconds for a 32 MB body).
-INLINE_BODY_BYTES = 32 * 1024
-INLINE_BODY_ITEMS = 64
-
 Result = TypeVar("Result")
+Model = TypeVar("Model", bound=BaseModel)
 
 
 @dataclass(frozen=True)
 class JsonBody:
-    """A request's JSON body (``value``); ``large``: its work runs off the event loop (:meth:`run`)."""
+    """A request's JSON body (``value``) and the name of its list of messages or input items (``items``);
+    ``large``: over ``INLINE_WORK_BYTES`` or ``INLINE_WORK_MESSAGES`` items, so its work runs off the event
+    loop (:meth:`run`; the validation and conversion of 10,000 tiny messages take ~0.18 s)."""
 
     value: Any
     large: bool
+    items: str = ""
 
     async def run(self, work: Callable[[], Result]) -> Result:
         """``work()``: in a worker thread for a large body (the loop serves other requests meanwhile), else
         here. Whatever ``work`` touches that outlives the request must be safe across threads."""
         return await asyncio.to_thread(work) if self.large else work()
 
+    async def validate(self, model: type[Model]) -> Model:
+        """The body as ``model`` (:func:`validate_body`), off the loop when large."""
+        return await self.run(lambda: validate_body(model, self))
+
 
 # Items pydantic validates in one call when a large body is validated in a thread: one call holds the GIL,
 # and with it the event loop, for all its items (~3 ms per 1,000 small messages here, 0.03-0.14 s for 10,000).
 VALIDATE_CHUNK = 256
 
-Model = TypeVar("Model", bound=BaseModel)
 
-
-def validate_body(model: type[Model], body: JsonBody, items: str) -> Model:
+def validate_body(model: type[Model], body: JsonBody) -> Model:
     """``model.model_validate(body.value)``. A large body's ``items`` list is validated ``VALIDATE_CHUNK`` items
     at a time (the thread lets go of the GIL between chunks); the rest of the body, and the list's own
     constraints, with its first item. An invalid item is reported as one call reports it (that call
     raises). ``model`` must not validate across items."""
-    raw = body.value
-    listed = raw.get(items) if isinstance(raw, dict) else None
+    raw, items = body.value, body.items
+    listed = raw.get(items) if items and isinstance(raw, dict) else None
     if not body.large or not isinstance(listed, list) or len(listed) <= VALIDATE_CHUNK:
         return model.model_validate(raw)
     head = model.model_validate({**raw, items: listed[:1]})
@@ -114,18 +114,18 @@ async def read_json(request: Request, *, items: str = "", max_items: int = 0) ->
 
     ``items``, ``max_items``: the body's list of messages (or input items) holds at most ``max_items``
     (``--max-messages``; 0: any number), else a 400 before anything validates or converts it. A body over
-    either ``INLINE_BODY_*`` limit is ``large``. It is parsed here all the same: orjson holds the GIL
+    either ``INLINE_WORK_*`` limit is ``large``. It is parsed here all the same: orjson holds the GIL
     throughout (~2 ms a MB), so a thread would free nothing and add a hand-off."""
     body = await request.body()
-    large = len(body) > INLINE_BODY_BYTES
+    large = len(body) > INLINE_WORK_BYTES
     value = _loads(body)
     listed = value.get(items) if items and isinstance(value, dict) else None
     if isinstance(listed, list):
         if max_items and len(listed) > max_items:
             raise errors.InvalidRequestError(
                 f"{items} has {len(listed)} items; at most {max_items} are accepted (--max-messages)", param=items)
-        large = large or len(listed) > INLINE_BODY_ITEMS
-    return JsonBody(value, large)
+        large = large or len(listed) > INLINE_WORK_MESSAGES
+    return JsonBody(value, large, items)
 
 
 def _loads(body: bytes) -> Any:

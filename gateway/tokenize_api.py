@@ -17,7 +17,7 @@ from gateway.apis.canonical import identity_and_hints
 from gateway.apis.openai_chat.convert import convert_message, convert_tools
 from gateway.apis.openai_chat.models import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 from gateway.parse_client import ParseClient
-from gateway.streaming import read_json, validate_body
+from gateway.streaming import read_json
 from services.api import chat_pb2, parse_pb2
 from services.common import errors
 
@@ -35,7 +35,7 @@ class TokenizeApi:
         if not isinstance(raw, dict):
             raise errors.InvalidRequestError("request body must be a JSON object")
         if "messages" in raw:
-            body = await json_body.run(lambda: validate_body(TokenizeChatRequest, json_body, "messages"))
+            body = await json_body.validate(TokenizeChatRequest)
             _, info = await self._parse.resolve_model(body.model)
             chat = await json_body.run(lambda: _chat(body, request.headers, info.served_model_name))
             tok = parse_pb2.TokenizeRequest(chat=chat)

@@ -18,6 +18,7 @@ from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.message_reuse import HeldLine, MessageStore
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
+from services.common.service_settings import INLINE_WORK_BYTES, INLINE_WORK_MESSAGES
 from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
 from services.parse import convert
 from services.parse.continuation import Continued, FinishedStream
@@ -38,18 +39,11 @@ log = structlog.get_logger()
 READY_TIMEOUT = 1.0  # seconds the router gets to list its workers for a readiness check
 
 
-# A request this small builds its prompt on the event loop: rendering a few dozen messages and tokenizing at
-# most 32 KB costs well under 10 ms even for pathological text (a 32 KB run of one digit: ~2.5 ms), while the
-# thread handoff costs ~0.3-1 ms of every short request's time to first token. Larger ones go to a thread, so
-# no request holds the loop for long (issue 14).
-INLINE_BUILD_BYTES = 32 * 1024
-INLINE_BUILD_MESSAGES = 64
-
-
 def _small(request: chat_pb2.ChatRequest) -> bool:
-    """A request with a messages base continues a conversation of at least ``MIN_REUSE_BYTES``: never small."""
-    return (not request.HasField("messages_base") and len(request.messages) <= INLINE_BUILD_MESSAGES
-            and request.ByteSize() <= INLINE_BUILD_BYTES)
+    """Whether ``request`` is worked on the event loop (see ``INLINE_WORK_BYTES``). A request with a messages base
+    continues a conversation of at least ``MIN_REUSE_BYTES``: never small."""
+    return (not request.HasField("messages_base") and len(request.messages) <= INLINE_WORK_MESSAGES
+            and request.ByteSize() <= INLINE_WORK_BYTES)
 
 
 class ParseService(parse_pb2_grpc.ParseServicer):

@@ -20,7 +20,8 @@ import gateway.tokenize_api as tokenize_api
 from gateway.apis.anthropic.models import MessagesRequest
 from gateway.apis.openai_chat.models import ChatCompletionRequest
 from gateway.server import Gateway
-from gateway.streaming import INLINE_BODY_ITEMS, VALIDATE_CHUNK, JsonBody, validate_body
+from gateway.streaming import VALIDATE_CHUNK, JsonBody, validate_body
+from services.common.service_settings import INLINE_WORK_MESSAGES
 from tests.gateway.fake_parse import FakeParse
 from tests.gateway.test_message_limit import bodies, messages
 
@@ -62,7 +63,7 @@ async def test_a_large_body_converts_while_the_loop_serves_others(
     tick = asyncio.create_task(ticker())
     try:
         async with httpx.AsyncClient(base_url=gateway.http_url, timeout=20) as http:
-            for n in (2, INLINE_BODY_ITEMS + 1):
+            for n in (2, INLINE_WORK_MESSAGES + 1):
                 body, headers = bodies(n)[path]
                 response = await http.post(path, json=body, headers=headers)
                 assert response.status_code == 200, (path, n, response.text)
@@ -76,7 +77,7 @@ async def test_a_large_malformed_body_is_still_a_400_in_the_apis_shape(
     fake_parse: tuple[FakeParse, str], gateway_factory: Callable[..., Awaitable[Gateway]],
 ) -> None:
     gateway = await gateway_factory(fake_parse[1])
-    padding = "x" * 40_000  # over INLINE_BODY_BYTES: validated in a thread
+    padding = "x" * 40_000  # over INLINE_WORK_BYTES: validated in a thread
     async with httpx.AsyncClient(base_url=gateway.http_url, timeout=20) as http:
         bad_json = await http.post("/v1/chat/completions", content=b'{"model": "demo", "pad": "' + padding.encode())
         assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
@@ -84,7 +85,7 @@ async def test_a_large_malformed_body_is_still_a_400_in_the_apis_shape(
                                   json={"model": "demo", "max_tokens": "many", "messages": [
                                       {"role": "user", "content": padding}]})
         assert invalid.status_code == 400 and invalid.json()["type"] == "error", invalid.text
-        body, _ = bodies(INLINE_BODY_ITEMS + 1)["/v1/chat/completions"]
+        body, _ = bodies(INLINE_WORK_MESSAGES + 1)["/v1/chat/completions"]
         ok = await http.post("/v1/chat/completions", json=body)
         assert ok.status_code == 200, ok.text  # the same connection pool: still served
 
@@ -93,11 +94,11 @@ async def test_a_large_malformed_body_is_still_a_400_in_the_apis_shape(
 def test_validating_in_chunks_gives_what_one_call_gives(model: type[BaseModel]) -> None:
     raw: dict[str, Any] = {"model": "demo", "max_tokens": 4, "messages": messages(VALIDATE_CHUNK * 2 + 7)}
     whole = model.model_validate(raw)
-    assert validate_body(model, JsonBody(raw, large=True), "messages") == whole
+    assert validate_body(model, JsonBody(raw, large=True, items="messages")) == whole
     bad = {**raw, "messages": [*raw["messages"][:300], {"role": "nobody", "content": 1}, *raw["messages"][300:]]}
     with pytest.raises(ValidationError) as one_call:
         model.model_validate(bad)
     with pytest.raises(ValidationError) as chunked:
-        validate_body(model, JsonBody(bad, large=True), "messages")
+        validate_body(model, JsonBody(bad, large=True, items="messages"))
     assert chunked.value.errors()[0]["loc"][:2] == ("messages", 300)
     assert chunked.value.errors() == one_call.value.errors()

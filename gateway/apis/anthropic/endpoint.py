@@ -16,7 +16,7 @@ from gateway.apis.anthropic.models import CountTokensRequest, MessagesRequest
 from gateway.apis.anthropic.signing import ThinkingSigner
 from gateway.boundary import new_request_id
 from gateway.parse_client import ParseClient
-from gateway.streaming import TYPED, Framing, JsonBody, TurnEndpoint, annotate_span, read_json, validate_body
+from gateway.streaming import TYPED, Framing, JsonBody, TurnEndpoint, annotate_span, read_json
 from services.api import chat_pb2, parse_pb2
 
 log = structlog.get_logger()
@@ -53,7 +53,7 @@ class MessagesApi:
     async def _body(self, request: Request, cls: type[_Body]) -> tuple[JsonBody, _Body]:
         json_body = await read_json(request, items="messages", max_items=self._max_messages)
         try:
-            return json_body, await json_body.run(lambda: validate_body(cls, json_body, "messages"))
+            return json_body, await json_body.validate(cls)
         except ValidationError as exc:
             raise from_validation_error(exc) from exc
 

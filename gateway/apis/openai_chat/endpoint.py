@@ -13,7 +13,7 @@ from gateway.apis.openai_chat.models import ChatCompletionRequest
 from gateway.boundary import new_request_id
 from gateway.converted_messages import ConvertedMessages, message_size
 from gateway.parse_client import ParseClient
-from gateway.streaming import Framing, TurnEndpoint, annotate_span, read_json, validate_body
+from gateway.streaming import Framing, TurnEndpoint, annotate_span, read_json
 
 FRAMING = Framing(event=sse_event, end=b"data: [DONE]\n\n")
 
@@ -35,7 +35,7 @@ class ChatCompletions:
     async def handle(self, request: Request) -> Response:
         json_body = await read_json(request, items="messages", max_items=self._max_messages)
         raw = json_body.value
-        body = await json_body.run(lambda: validate_body(ChatCompletionRequest, json_body, "messages"))
+        body = await json_body.validate(ChatCompletionRequest)
         public, info = await self._parse.resolve_model(body.model)
         completion_id = new_request_id(request, "chatcmpl-")
         chat = await json_body.run(lambda: chat_request(

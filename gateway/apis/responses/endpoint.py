@@ -15,7 +15,7 @@ from gateway.apis.responses.models import ResponsesRequest
 from gateway.apis.responses.store import ResponseStorage
 from gateway.boundary import new_request_id
 from gateway.parse_client import ParseClient
-from gateway.streaming import TYPED, TurnEndpoint, annotate_span, read_json, validate_body
+from gateway.streaming import TYPED, TurnEndpoint, annotate_span, read_json
 from services.api import chat_pb2
 from services.common import errors
 
@@ -70,7 +70,7 @@ class ResponsesApi:
     async def create(self, request: Request) -> Response:
         json_body = await read_json(request, items="input", max_items=self._max_items)
         raw = json_body.value
-        body = await json_body.run(lambda: validate_body(ResponsesRequest, json_body, "input"))
+        body = await json_body.validate(ResponsesRequest)
         public, info = await self._parse.resolve_model(body.model)
         history: tuple[chat_pb2.Message, ...] = ()
         if body.previous_response_id:
