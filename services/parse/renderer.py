@@ -61,7 +61,8 @@ _CHECK_EVERY = 256
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 # Types whose public attributes the immutable sandbox always allows (none is internal or a known mutable):
 # ``message.content.strip``, ``loop.last``, ``ns.prev``. Only ``str.format`` / ``format_map`` values need its
-# wrapping. Read straight, ~2-5 us less each (~130 per 100k-token render).
+# wrapping. Read straight, ~2-5 us less each (~130 per 100k-token render). A template's ``namespace()`` is
+# transformers' own subclass of Namespace (made with each compiled template), added per environment.
 _PLAIN_ATTRIBUTE_TYPES = frozenset({str, LoopContext, Namespace})
 _FORMAT_METHODS = frozenset({"format", "format_map"})
 
@@ -78,20 +79,25 @@ def _install_budget(env: Any) -> None:
     check the current render's deadline every ``_CHECK_EVERY`` operations; once per compiled environment."""
     if getattr(env, "_harnessmesh_budget", False):
         return
-    ops = 0
+    left = _CHECK_EVERY  # operations until the next look at the clock (counted down inline: a call less each)
 
     def check() -> None:
-        nonlocal ops
-        ops += 1
-        if not ops % _CHECK_EVERY:
-            deadline = _deadline.get()
-            if deadline is not None and time.monotonic() > deadline:
-                raise _BudgetExceeded()
+        nonlocal left
+        left = _CHECK_EVERY
+        deadline = _deadline.get()
+        if deadline is not None and time.monotonic() > deadline:
+            raise _BudgetExceeded()
 
     getattr_, getitem, call, undefined = env.getattr, env.getitem, env.call, env.undefined
+    namespace = env.globals.get("namespace")
+    plain_types = _PLAIN_ATTRIBUTE_TYPES | (
+        {namespace} if isinstance(namespace, type) and issubclass(namespace, Namespace) else set())
 
     def budget_getattr(obj: Any, attribute: str) -> Any:
-        check()
+        nonlocal left
+        left -= 1
+        if not left:
+            check()
         cls = type(obj)
         if cls is dict and attribute not in _DICT_ATTRIBUTES:
             # ``message.content`` on a plain dict: what the sandbox does (getattr fails, so the item or
@@ -100,18 +106,24 @@ def _install_budget(env: Any) -> None:
                 return obj[attribute]
             except KeyError:
                 return undefined(obj=obj, name=attribute)
-        if cls in _PLAIN_ATTRIBUTE_TYPES and not attribute.startswith("_") and attribute not in _FORMAT_METHODS:
+        if cls in plain_types and not attribute.startswith("_") and attribute not in _FORMAT_METHODS:
             value = getattr(obj, attribute, _MISSING)
             if value is not _MISSING and getattr(value, "__name__", None) not in _FORMAT_METHODS:
                 return value  # what the sandbox returns for it (see _PLAIN_ATTRIBUTE_TYPES)
         return getattr_(obj, attribute)
 
     def budget_getitem(obj: Any, argument: Any) -> Any:
-        check()
+        nonlocal left
+        left -= 1
+        if not left:
+            check()
         return getitem(obj, argument)
 
     def budget_call(__context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        check()
+        nonlocal left
+        left -= 1
+        if not left:
+            check()
         return call(__context, __obj, *args, **kwargs)
 
     env.getattr, env.getitem, env.call = budget_getattr, budget_getitem, budget_call

@@ -78,3 +78,24 @@ def test_format_and_private_attributes_of_plain_objects_stay_sandboxed(template:
     ours = _outcome(lambda: ChatTemplateRenderer(template, {}).render(TemplateInput(messages=MESSAGES)))
     theirs = _outcome(lambda: reference(template))
     assert ours == theirs and "class" not in ours  # the sandbox's answer: nothing leaks
+
+
+def test_a_templates_own_namespace_is_read_without_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``namespace()`` in a chat template is transformers' subclass of jinja's Namespace (one per compiled
+    template): its public attributes take the fast path too (~2.5 us less per ``ns.prev``; a 100k-token
+    agent session's render read it 172 times), while ``format`` values keep the sandbox's wrapping."""
+    from jinja2.sandbox import SandboxedEnvironment
+
+    sandboxed: list[str] = []
+    original = SandboxedEnvironment.getattr
+
+    def spy(self: SandboxedEnvironment, obj: object, attribute: str) -> object:
+        sandboxed.append(attribute)
+        return original(self, obj, attribute)
+
+    monkeypatch.setattr(SandboxedEnvironment, "getattr", spy)
+    template = ("{% set ns = namespace(prev='', f='{}'.format) %}" + EACH
+                + "{{ ns.prev }}{% set ns.prev = m.role %}|" + END + "{{ ns.f('x') }}{# namespace fast path #}")
+    ours = ChatTemplateRenderer(template, {}).render(TemplateInput(messages=MESSAGES, add_generation_prompt=False))
+    assert "prev" not in sandboxed and "f" in sandboxed  # ns.prev read straight; ns.f (a format method) was not
+    assert ours == reference(template)
