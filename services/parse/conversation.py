@@ -119,11 +119,26 @@ class MessageDicts:
         return item[2]
 
     def put(self, message: ChatMessage, how: tuple[Any, ...], made: dict[str, Any]) -> None:
+        """Keep ``made``; its tool calls' argument mappings are registered with :data:`json_memo.MEMO` while it
+        is kept, so a template's ``arguments | tojson`` encodes each once per session, not once per turn."""
         with self._lock:  # the entry keeps the message alive, so its id names no other object meanwhile
+            replaced = self._items.get(id(message))
             self._items[id(message)] = (message, how, made)
             self._items.move_to_end(id(message))
+            for arguments in _argument_mappings(made):
+                json_memo.MEMO.register(arguments)
+            gone = [replaced[2]] if replaced is not None else []
             while len(self._items) > self._max:
-                self._items.popitem(last=False)
+                gone.append(self._items.popitem(last=False)[1][2])
+            for old in gone:
+                for arguments in _argument_mappings(old):
+                    json_memo.MEMO.forget(arguments)
+
+
+def _argument_mappings(made: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool-call argument mappings of a message dict (none when the arguments are handed over as text)."""
+    calls = made.get("tool_calls") or ()
+    return [c["function"]["arguments"] for c in calls if isinstance(c["function"]["arguments"], dict)]
 
 
 class ToolDicts:

@@ -22,6 +22,7 @@ from services.parse.conversation import (
     strip_billing_header,
     to_template_input,
 )
+from services.parse.json_memo import MEMO
 from services.parse.model_format import ModelFormat
 from services.parse.renderer import ChatTemplateRenderer
 from services.parse.replay import ReplayPolicy
@@ -224,3 +225,24 @@ def test_kept_message_dicts_follow_how_a_later_turn_replays_an_earlier_message()
             to_template_input(turn, replay=policy).messages
     assert "Think first." in str(to_template_input(first, replay=policy, memo=memo).messages[1])
     assert "Think first." not in str(to_template_input(second, replay=policy, memo=memo).messages[1])
+
+
+def test_kept_tool_call_arguments_are_encoded_once_and_forgotten_with_their_message() -> None:
+    """A kept message's tool-call arguments are registered with the ``tojson`` memo, so the next turn's render
+    reads their JSON instead of encoding it again (a 100k-token agent session re-encoded ~170 calls a turn);
+    the render equals one without any memo, and a message the bounded memo drops takes its registration along."""
+    call = ChatMessage("assistant", (ToolCallPart("call_1", "read", '{"path": "a.py", "n": [1, 2]}'),))
+    turn = Conversation(messages=(ChatMessage("user", (TextPart("Go."),)), call,
+                                  ChatMessage("tool", (TextPart("print(1)"),), tool_call_id="call_1")))
+    memo = MessageDicts(max_messages=3)
+    kept = to_template_input(turn, memo=memo).messages[1]["tool_calls"][0]["function"]["arguments"]
+    encodings: list[object] = []
+    assert MEMO.encoded(kept, (), {}, lambda: encodings.append(1) or "first") == "first"
+    assert MEMO.encoded(kept, (), {}, lambda: encodings.append(2) or "again") == "first"  # not encoded again
+    assert encodings == [1]
+    renderer = ModelFormat(load_model_dir(None), reasoning_parser="qwen3", tool_parser="hermes")
+    assert renderer.render(turn) == ModelFormat(load_model_dir(None), reasoning_parser="qwen3",
+                                                tool_parser="hermes").render(turn)
+    for i in range(3):  # three other messages push the call's dict out of the memo
+        to_template_input(Conversation(messages=(ChatMessage("user", (TextPart(f"other {i}"),)),)), memo=memo)
+    assert MEMO.encoded(kept, (), {}, lambda: "encoded afresh") == "encoded afresh"
