@@ -25,8 +25,8 @@ At 100k tokens the build was tokenization (~155 of 164 ms); now it is the chat t
 cache removes the rest and is what keeps the ``tokenizers`` fallback fast (164 -> 12 ms).
 
 Again at ad589fd (the renderer's namespace fast path), with the incremental builds' id check moved out of
-the timed part (it had timed ``list()`` of the ids and their comparison, ~3 ms at 100k; this host on another day, quietest
-of three)::
+the timed part (it had timed ``list()`` of the ids and their comparison, ~3 ms at 100k). This host on another
+day, the quietest of three::
 
      tokens  render  full/tokenizers  full/fastokens  incr/tokenizers  incr/fastokens  before/after  reused
        5071     0.2              5.1             0.3              1.4             0.6          9.0x  89.1%
