@@ -7,8 +7,10 @@ for an engine whose compute takes real time), then :meth:`EngineCore.complete_st
 
 A step lasts its modelled time measured from when the previous step was due to end, so the loop's own
 CPU work (delivering tokens, a late wake-up, scheduling) is part of it: the clock follows the model at
-any speedup until the CPU work alone exceeds a step. When nothing can run, the loop sleeps until a
-request arrives or leaves.
+any speedup until the CPU work alone exceeds a step. Past that point (the mocker at a high speedup) the
+loop lags its model, and the quiet steps that fit in the lag (known tokens decoded into held blocks) are
+advanced together rather than planned and completed one by one (:meth:`StepLoop._catch_up`): the same tokens
+and clock, a fraction of the CPU. When nothing can run, the loop sleeps until a request arrives or leaves.
 
 The request lifecycle lives here too: :meth:`generate` queues a request and streams its outputs,
 and closing or cancelling that stream releases the request (its blocks freed) in ``finally``;
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
@@ -106,6 +109,31 @@ class StepLoop:
             self.core.release(req)
             self._wakeup.set()
 
+    def _catch_up(self, clock: float, now: float) -> float:
+        """The model's clock after the quiet steps that fit between it (``clock``) and ``now``, run at once.
+
+        A simulated engine whose steps cost more CPU than the model gives them (the mocker at a high speedup: a
+        decode step of ~6 us costs ~10 us of Python) lags its model; each step it plans and completes one by one
+        then only spends CPU that the rest of the mesh waits for. While it lags by at least one decode-only step,
+        the quiet ones among the next (``EngineCore.quiet_steps``: known tokens decoded into held blocks; no block
+        taken, no event, no first token, no end) are advanced together, as the replay simulator does; their
+        tokens and the model's clock are what the step-by-step loop reaches. An engine whose tokens are not
+        known in advance, or whose steps the model does not time, has none.
+        """
+        running = self.core.scheduler.running
+        if not running:
+            return clock
+        step = self.compute.modelled_seconds(StepPlan(decode_batch=len(running),
+                                                      active_blocks=self.core.blocks.active_blocks))
+        if step <= 0 or now - clock < step:
+            return clock
+        quiet = self.core.quiet_steps()  # a positive answer commits us to advancing at least one
+        if not quiet:
+            return clock
+        steps = min(quiet, int((now - clock) / step))
+        self.core.advance_quiet(steps)
+        return clock + steps * step
+
     async def _idle(self) -> None:
         self._wakeup.clear()
         await self._wakeup.wait()
@@ -133,6 +161,7 @@ class StepLoop:
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
                 step_start = deadline
                 self.core.complete_step(plan, sampled)
+                step_start = self._catch_up(step_start, time.monotonic())  # loop.time() moves in whole ms
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: fail every request rather than hang them

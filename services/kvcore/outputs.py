@@ -123,7 +123,8 @@ class OutputBuffer:
 
     def _accept_quiet(self, tokens: list[int]) -> None:
         """:meth:`_accept` of each of ``tokens``, known to hit no stop id, no stop string and no ``max_tokens``."""
-        if self.stop_ids or self.matcher.active or self.generated + len(tokens) >= self.max_tokens:
+        if (not self.stop_ids.isdisjoint(tokens) or self.matcher.active
+                or self.generated + len(tokens) >= self.max_tokens):
             raise ValueError("these tokens may end the request: accept them one by one")
         self.generated += len(tokens)
         self._out.extend(tokens)

@@ -307,10 +307,15 @@ def _decodes_plainly(req: CoreRequest) -> bool:
 
 
 def _quiet_room(req: CoreRequest, block_size: int) -> int:
-    """Quiet steps ``req`` allows: it decodes known tokens that neither stop nor end it, into its partial block."""
+    """Quiet steps ``req`` allows: it decodes known tokens that neither stop nor end it, into its partial block.
+    With stop ids (EOS, unless ``ignore_eos``), as many as come before the first stop id among its known tokens."""
     seq = req.seq
     held = seq.length
-    if seq.partial is None or held != len(req.all_tokens) or req.source is None or req.stop_ids \
-            or req.matcher.active or req.finished:
+    if seq.partial is None or held != len(req.all_tokens) or req.source is None or req.matcher.active \
+            or req.finished:
         return 0
-    return min(block_size - 1 - (held - len(seq.hashes) * block_size), req.max_tokens - req.generated - 1)
+    room = min(block_size - 1 - (held - len(seq.hashes) * block_size), req.max_tokens - req.generated - 1)
+    if req.stop_ids and room > 0:
+        stops = req.stop_ids
+        room = next((i for i, token in enumerate(req.source.known(room)) if token in stops), room)
+    return room

@@ -8,7 +8,9 @@ scheduled (``scheduler.py``). The mocker engine and the replay simulator both us
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 
 import xxhash
 from tokenizers import Tokenizer
@@ -106,6 +108,7 @@ class TokenSource:
         self._pos = 0
         self._filler = filler
         self._peeked: int | None = None
+        self._ahead: deque[int] = deque()  # drawn by ``known`` after ``_peeked`` (which is then set), not consumed
 
     def peek(self) -> int:
         """The next token, without consuming it."""
@@ -119,7 +122,7 @@ class TokenSource:
 
     def pop(self) -> int:
         token = self.peek()
-        self._peeked = None
+        self._peeked = self._ahead.popleft() if self._ahead else None
         return token
 
     def take(self, count: int) -> list[int]:
@@ -128,9 +131,28 @@ class TokenSource:
         if count > 0 and self._peeked is not None:
             out.append(self._peeked)
             self._peeked = None
-        scripted = self._scripted[self._pos : self._pos + count - len(out)]
-        self._pos += len(scripted)
-        out.extend(scripted)
+            if self._ahead:
+                ahead = self._ahead
+                out.extend(ahead.popleft() for _ in range(min(count - 1, len(ahead))))
+                if ahead:
+                    self._peeked = ahead.popleft()
+        if len(out) < count:
+            out.extend(self._draw(count - len(out)))
+        return out
+
+    def known(self, count: int) -> list[int]:
+        """The next ``count`` tokens, not consumed: what ``take(count)`` would return."""
+        if count <= 0:
+            return []
+        first = self.peek()
+        if len(self._ahead) < count - 1:
+            self._ahead.extend(self._draw(count - 1 - len(self._ahead)))
+        return [first, *islice(self._ahead, count - 1)]
+
+    def _draw(self, count: int) -> list[int]:
+        """The next ``count`` tokens from the script, then the filler (nothing drawn before them is pending)."""
+        out = self._scripted[self._pos : self._pos + count]
+        self._pos += len(out)
         if len(out) < count:
             out.extend(self._filler.take(count - len(out)))
         return out

@@ -75,3 +75,41 @@ def test_kvcore_imports_no_service_and_no_transport() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
                 assert not name.startswith(banned), f"{path.name} imports {name}"
+
+
+def _stopping_requests(vocab: FillerVocabulary) -> list[CoreRequest]:
+    """Requests with an EOS stop id: one whose script ends in EOS mid-block, one that only ever draws filler."""
+    eos = 3
+    out = []
+    for rid, script, max_tokens in (("scripted", [50 + i for i in range(13)], 40), ("filler", [], 30)):
+        checked = CheckedRequest(EngineRequest(rid, list(range(100, 109)), max_tokens=max_tokens), max_tokens,
+                                 frozenset({eos}))
+        out.append(CoreRequest(checked, tokenizer=TOKENIZER, source=TokenSource(script, eos, FillerText(vocab, 5))))
+    return out
+
+
+def test_quiet_steps_stop_before_a_stop_id_and_end_as_step_by_step_does() -> None:
+    """Requests with stop ids take quiet steps up to (not over) the first stop id among their known tokens;
+    advancing them gives the tokens, endings and KV events of planning and completing every step."""
+    vocab = FillerVocabulary(TOKENIZER)
+    results = []
+    for fast in (False, True):
+        events: list[KvEvent] = []
+        core = EngineCore(BatchingConfig(block_size=8, num_blocks=64), on_event=events.append)
+        reqs = _stopping_requests(vocab)
+        for req in reqs:
+            core.add(req)
+        quiet_taken = 0
+        while core.has_work:
+            quiet = core.quiet_steps() if fast else 0
+            if quiet:
+                core.advance_quiet(quiet)
+                quiet_taken += quiet
+            else:
+                core.complete_step(core.plan_step())
+        results.append(([(list(r.all_tokens[r.prompt_len:]), r.finish_reason, r.generated) for r in reqs], events))
+        if fast:
+            assert quiet_taken > 10
+    assert results[0] == results[1]
+    (scripted, reason, generated), _ = results[1][0]
+    assert scripted == [50 + i for i in range(13)] and reason == "stop" and generated == 13  # EOS ended it, unshown

@@ -150,3 +150,28 @@ def vocab() -> FillerVocabulary:
     from services.common.model_dir import load_model_dir
 
     return FillerVocabulary(load_model_dir("").tokenizer)
+
+
+def test_known_tokens_are_what_taking_them_gives_and_leave_the_draws_unchanged(vocab: FillerVocabulary) -> None:
+    """``TokenSource.known`` (the live step loop's look past a request's next token, for stop ids) draws ahead
+    without consuming: any mix of peeks, pops, takes and looks yields the sequence a source never looked at does."""
+    rng = random.Random(11)
+    for _ in range(100):
+        scripted = [rng.randrange(1000) for _ in range(rng.randrange(0, 6))]
+        eos, seed = rng.choice([None, 7]), rng.randrange(10**6)
+        looked = TokenSource(scripted, eos, FillerText(vocab, seed))
+        plain = TokenSource(scripted, eos, FillerText(vocab, seed))
+        for _ in range(30):
+            op, n = rng.randrange(4), rng.randrange(0, 20)
+            if op == 0:
+                ahead = looked.known(n)
+                assert len(ahead) == n and looked.known(n) == ahead  # looking again changes nothing
+                k = rng.randrange(0, n + 1)
+                assert looked.take(k) == plain.take(k) == ahead[:k]  # what was looked at comes next
+            elif op == 1:
+                assert looked.peek() == plain.peek()
+            elif op == 2:
+                assert looked.pop() == plain.pop()
+            else:
+                assert looked.take(n) == plain.take(n)
+        assert looked.take(50) == plain.take(50)

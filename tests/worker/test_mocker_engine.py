@@ -243,3 +243,42 @@ async def test_lone_request_out_of_room_does_not_stall_the_queue(make_engine: Ma
     assert ra[-1].finish_reason == rb[-1].finish_reason == "length"
     assert len(tokens(ra)) == len(tokens(rb)) == 64 - 40
     assert engine.stats().active_blocks == 0
+
+
+async def test_a_loop_behind_its_model_advances_quiet_steps_with_the_same_output(
+    make_engine: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a speedup whose decode steps are shorter than their CPU work the step loop lags its model and advances
+    the quiet steps that fit in the lag together (``StepLoop._catch_up``); tokens, endings and usage are the
+    step-by-step loop's: a scripted completion ends at its EOS (a stop id), filler runs to max_tokens."""
+    from services.kvcore.core import EngineCore
+    from services.kvcore.loop import StepLoop
+
+    advanced: list[int] = []
+    real = EngineCore.advance_quiet
+
+    def counting(self: EngineCore, steps: int) -> None:
+        advanced.append(steps)
+        real(self, steps)
+
+    monkeypatch.setattr(EngineCore, "advance_quiet", counting)
+
+    requests = [EngineRequest("s", prompt(), match_text="weather in Paris?"),
+                EngineRequest("f", prompt(start=700), max_tokens=200),
+                EngineRequest("i", prompt(start=900), max_tokens=100, ignore_eos=True)]
+
+    async def run() -> tuple[list[tuple[list[int], str | None, object]], list[int]]:
+        engine = await make_engine(speedup=1e6)
+        outputs, quiet = [], []
+        for req in requests:
+            advanced.clear()
+            outs = await collect(engine, req)
+            outputs.append((tokens(outs), outs[-1].finish_reason, outs[-1].usage))
+            quiet.append(sum(advanced))
+        return outputs, quiet
+
+    caught_up, quiet = await run()
+    assert all(n > len(out) // 2 for n, (out, _, _) in zip(quiet, caught_up, strict=True))  # most decode steps
+    monkeypatch.setattr(StepLoop, "_catch_up", lambda self, clock, now: clock)
+    assert await run() == (caught_up, [0, 0, 0])
+    assert [reason for _, reason, _ in caught_up] == ["stop", "length", "length"]
