@@ -136,9 +136,11 @@ class MessageDicts:
 
 
 def _argument_mappings(made: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tool-call argument mappings of a message dict (none when the arguments are handed over as text)."""
-    calls = made.get("tool_calls") or ()
-    return [c["function"]["arguments"] for c in calls if isinstance(c["function"]["arguments"], dict)]
+    """The tool-call argument mappings of a message dict, in its ``tool_calls`` and its ordered ``segments``
+    (none when the arguments are handed over as text)."""
+    found = [c["function"]["arguments"] for c in made.get("tool_calls") or ()]
+    found += [seg["arguments"] for seg in made.get("segments") or () if seg["type"] == "tool_call"]
+    return [arguments for arguments in found if isinstance(arguments, dict)]
 
 
 class ToolDicts:

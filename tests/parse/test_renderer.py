@@ -235,14 +235,18 @@ def test_kept_tool_call_arguments_are_encoded_once_and_forgotten_with_their_mess
     turn = Conversation(messages=(ChatMessage("user", (TextPart("Go."),)), call,
                                   ChatMessage("tool", (TextPart("print(1)"),), tool_call_id="call_1")))
     memo = MessageDicts(max_messages=3)
-    kept = to_template_input(turn, memo=memo).messages[1]["tool_calls"][0]["function"]["arguments"]
+    made = to_template_input(turn, memo=memo).messages[1]
+    kept = made["tool_calls"][0]["function"]["arguments"]
+    in_segment = made["segments"][0]["arguments"]  # the demo template's ordered segments carry their own
     encodings: list[object] = []
-    assert MEMO.encoded(kept, (), {}, lambda: encodings.append(1) or "first") == "first"
-    assert MEMO.encoded(kept, (), {}, lambda: encodings.append(2) or "again") == "first"  # not encoded again
-    assert encodings == [1]
+    for arguments in (kept, in_segment):
+        assert MEMO.encoded(arguments, (), {}, lambda: encodings.append(1) or "first") == "first"
+        assert MEMO.encoded(arguments, (), {}, lambda: encodings.append(2) or "again") == "first"  # not again
+    assert encodings == [1, 1]
     renderer = ModelFormat(load_model_dir(None), reasoning_parser="qwen3", tool_parser="hermes")
     assert renderer.render(turn) == ModelFormat(load_model_dir(None), reasoning_parser="qwen3",
                                                 tool_parser="hermes").render(turn)
     for i in range(3):  # three other messages push the call's dict out of the memo
         to_template_input(Conversation(messages=(ChatMessage("user", (TextPart(f"other {i}"),)),)), memo=memo)
     assert MEMO.encoded(kept, (), {}, lambda: "encoded afresh") == "encoded afresh"
+    assert MEMO.encoded(in_segment, (), {}, lambda: "encoded afresh") == "encoded afresh"
