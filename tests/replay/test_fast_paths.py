@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any
@@ -131,13 +132,17 @@ def test_prompt_tokens_and_token_streams_index_and_slice_like_lists() -> None:
                     assert len(window) == len(seen) and list(window) == seen and window[a:b] == seen[a:b]
 
 
-def test_taking_tokens_in_bulk_draws_what_popping_them_does(vocab: FillerVocabulary) -> None:
-    rng = random.Random(5)
-    for _ in range(100):
+def _twin_sources(vocab: FillerVocabulary, rng: random.Random, count: int) -> Iterator[tuple[TokenSource, TokenSource]]:
+    """``count`` pairs of equal token sources (a random script, with or without EOS, a random filler seed)."""
+    for _ in range(count):
         scripted = [rng.randrange(1000) for _ in range(rng.randrange(0, 6))]
         eos, seed = rng.choice([None, 7]), rng.randrange(10**6)
-        bulk = TokenSource(scripted, eos, FillerText(vocab, seed))
-        single = TokenSource(scripted, eos, FillerText(vocab, seed))
+        yield TokenSource(scripted, eos, FillerText(vocab, seed)), TokenSource(scripted, eos, FillerText(vocab, seed))
+
+
+def test_taking_tokens_in_bulk_draws_what_popping_them_does(vocab: FillerVocabulary) -> None:
+    rng = random.Random(5)
+    for bulk, single in _twin_sources(vocab, rng, 100):
         for _ in range(20):
             if rng.random() < 0.3:
                 assert bulk.peek() == single.peek()
@@ -156,11 +161,7 @@ def test_known_tokens_are_what_taking_them_gives_and_leave_the_draws_unchanged(v
     """``TokenSource.known`` (the live step loop's look past a request's next token, for stop ids) draws ahead
     without consuming: any mix of peeks, pops, takes and looks yields the sequence a source never looked at does."""
     rng = random.Random(11)
-    for _ in range(100):
-        scripted = [rng.randrange(1000) for _ in range(rng.randrange(0, 6))]
-        eos, seed = rng.choice([None, 7]), rng.randrange(10**6)
-        looked = TokenSource(scripted, eos, FillerText(vocab, seed))
-        plain = TokenSource(scripted, eos, FillerText(vocab, seed))
+    for looked, plain in _twin_sources(vocab, rng, 100):
         for _ in range(30):
             op, n = rng.randrange(4), rng.randrange(0, 20)
             if op == 0:
