@@ -123,6 +123,11 @@ class EngineCore:
         A positive answer commits the caller to :meth:`advance_quiet` by at least one step next."""
         return self.scheduler.quiet_steps()
 
+    def quiet_step_plan(self) -> StepPlan:
+        """What each quiet step computes, for its modelled time: one decode of every running request, at this KV
+        use (neither changes during a quiet stretch)."""
+        return StepPlan(decode_batch=len(self.scheduler.running), active_blocks=self.blocks.active_blocks)
+
     def advance_quiet(self, steps: int) -> None:
         """Plan and complete ``steps`` quiet steps at once (a simulated clock: no compute runs between them)."""
         self.scheduler.advance_quiet(steps)

@@ -120,11 +120,9 @@ class StepLoop:
         tokens and the model's clock are what the step-by-step loop reaches. An engine whose tokens are not
         known in advance, or whose steps the model does not time, has none.
         """
-        running = self.core.scheduler.running
-        if not running:
+        if not self.core.scheduler.running:
             return clock
-        step = self.compute.modelled_seconds(StepPlan(decode_batch=len(running),
-                                                      active_blocks=self.core.blocks.active_blocks))
+        step = self.compute.modelled_seconds(self.core.quiet_step_plan())
         if step <= 0 or now - clock < step:
             return clock
         quiet = self.core.quiet_steps()  # a positive answer commits us to advancing at least one

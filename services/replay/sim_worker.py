@@ -105,7 +105,7 @@ class SimWorker:
         """Advance up to ``most`` quiet steps from ``start``, the first planned then, the others before
         ``horizon``; the last one's end. Each lasts what a decode-only plan of this batch at this KV use
         lasts: nothing they do changes either."""
-        ms = 1000.0 * self._timing.step_seconds((), len(self.scheduler.running), self.blocks.active_blocks)
+        ms = 1000.0 * self.core.quiet_step_plan().modelled_seconds(self._timing)
         end, steps = start + ms, 1
         while steps < most and end < horizon:
             end += ms
