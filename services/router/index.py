@@ -10,8 +10,9 @@ on (the router's default) the index also keeps, for each held block whose every 
 search, ~17 lookups for a 100k-token prompt where a walk takes thousands (~1 ms). A removed block takes
 its descendants' depths with it, and a block stored again gives them back. A worker whose chains the
 index cannot know (its state came from a dump without parents, or an event without them) is matched by
-the walk: per candidate, a scan of its own block set that stops at the first block it
-lacks (C-speed, ``takewhile`` over ``__contains__``). Both give the same answer (a property test holds it).
+the walk: per candidate, how many leading blocks its block set holds, from a binary search for the
+first one it lacks confirmed by one C-speed ``issuperset`` (a scan that stops at the first block it lacks
+when the guess is not confirmed). Both give the same answer (a property test holds it).
 
 Event ids are consecutive per worker. A worker's state is *synced* while every id has been applied in
 order. An id that skips ahead (a lost NATS message) makes :meth:`KvIndex.apply` return True: the
@@ -135,6 +136,29 @@ class _Chains:
         return lo
 
 
+def _held_prefix(blocks: set[int], block_hashes: Sequence[int]) -> int:
+    """The walk: how many leading ``block_hashes`` are in ``blocks``.
+
+    A worker's blocks are usually prefix-closed (every engine here evicts a chain's tail before its head), so
+    the first missing block is guessed by a binary search (~17 lookups at 100k tokens) and taken when one
+    C-speed ``issuperset`` confirms every block before it is held: about half the cost of ``takewhile`` over
+    ``__contains__``, which stays the answer when the guess is not confirmed.
+    """
+    total = len(block_hashes)
+    if not total or block_hashes[0] not in blocks:
+        return 0
+    lo, hi = 1, total  # block_hashes[lo - 1] is held; block_hashes[hi] (when hi < total) is not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if block_hashes[mid - 1] in blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    if blocks.issuperset(block_hashes[:lo]):
+        return lo
+    return len(list(takewhile(blocks.__contains__, block_hashes)))
+
+
 class KvIndex:
     """Each worker's block set (block hashes) and event position."""
 
@@ -246,7 +270,7 @@ class KvIndex:
             elif state.chains is not None:
                 result[worker] = state.chains.matched(block_hashes)
             else:
-                result[worker] = len(list(takewhile(state.blocks.__contains__, block_hashes)))
+                result[worker] = _held_prefix(state.blocks, block_hashes)
         return result
 
     def block_count(self, worker_id: str) -> int:

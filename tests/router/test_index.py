@@ -24,6 +24,16 @@ def test_overlap_stops_at_first_missing_block() -> None:
     assert index.overlaps(hashes, ["a"]) == {"a": 1}
 
 
+def test_overlap_past_a_gap_is_the_walk_not_the_guess() -> None:
+    # every block but the 11th held: a binary search for the first missing block lands past the gap, and the
+    # check of the blocks before its guess sends the answer back to the walk
+    hashes = sequence_hashes(list(range(64 * 16)), 16)
+    index = KvIndex(chains=False)
+    index.apply("a", [stored(1, hashes[:10] + hashes[11:])])
+    index.apply("b", [stored(1, hashes[:40])])
+    assert index.overlaps(hashes, ["a", "b"]) == {"a": 10, "b": 40}
+
+
 def test_different_prefix_does_not_match_even_with_same_tail() -> None:
     a = sequence_hashes([1] * 16 + [7] * 16, 16)
     b = sequence_hashes([2] * 16 + [7] * 16, 16)
