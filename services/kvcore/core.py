@@ -63,7 +63,8 @@ class EngineCore:
         if req.request_id in self.requests:
             raise InvalidRequestError(f"request id {req.request_id!r} is already running", param="request_id")
         if not req.seq.known:
-            req.seq.known = self.prefix_hashes.hashes(req.request.token_ids, req.request.cache_salt)
+            request = req.request
+            req.seq.known = self.prefix_hashes.hashes(request.packed or request.token_ids, request.cache_salt)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
 

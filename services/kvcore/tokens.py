@@ -92,9 +92,10 @@ class FillerText:
         return out
 
 
-def filler_seed(token_ids: Sequence[int], seed: int, request_seed: int | None = None) -> int:
-    """Seed for a request's filler: its prompt, the worker's seed and the request's own seed."""
-    data = token_bytes.pack(token_ids)  # the same little-endian u32 bytes, in one C call
+def filler_seed(token_ids: Sequence[int] | bytes, seed: int, request_seed: int | None = None) -> int:
+    """Seed for a request's filler: its prompt (the ids, or the ids packed as ``token_bytes`` packs them), the
+    worker's seed and the request's own seed."""
+    data = token_ids if isinstance(token_ids, bytes) else token_bytes.pack(token_ids)  # one C call
     return xxhash.xxh3_64_intdigest(data, seed=(seed + (request_seed or 0)) & 0xFFFFFFFFFFFFFFFF)
 
 

@@ -27,9 +27,11 @@ _FINISH: dict[FinishReason, common_pb2.FinishReason.ValueType] = {
 
 def request_from_proto(msg: worker_pb2.GenerateRequest) -> EngineRequest:
     s = msg.sampling
+    packed = msg.token_ids_u32
     return EngineRequest(
         request_id=msg.request_id,
-        token_ids=token_bytes.unpack_array(msg.token_ids_u32),  # ints made only where needed
+        token_ids=token_bytes.unpack_array(packed),  # ints made only where needed
+        packed=packed,
         max_tokens=s.max_tokens,
         stop=tuple(s.stop),
         stop_token_ids=tuple(msg.stop_token_ids),

@@ -192,6 +192,24 @@ async def test_kv_events_streamed(make_engine: Make) -> None:
     assert stored[:4] == sequence_hashes(p, 16)
 
 
+async def test_packed_ids_give_what_the_ids_give(make_engine: Make) -> None:
+    """A request that carries its ids packed too (as the worker's gRPC request does) is hashed and seeded from
+    those bytes: the same filler and the same stored blocks as the ids alone; other packed ids would differ."""
+    from services.common import token_bytes
+
+    results = []
+    for packed in (b"", token_bytes.pack(prompt(64)), token_bytes.pack(prompt(64, start=900))):
+        engine = await make_engine()  # a fresh cache each: every prompt block is stored again
+        sub = engine.kv_events()
+        outs = await collect(engine, EngineRequest("r", prompt(64), max_tokens=12, ignore_eos=True,
+                                                   match_text="no script line", packed=packed))
+        batch = await asyncio.wait_for(sub.__anext__(), 2)
+        stored = [b.block_hash for e in batch if isinstance(e, KvStored) for b in e.blocks][:4]
+        results.append((tokens(outs), stored))
+    assert results[1] == results[0]
+    assert results[2][0] != results[0][0] and results[2][1] != results[0][1]  # the bytes are what is read
+
+
 async def test_preemption_under_kv_pressure(make_engine: Make) -> None:
     # 12 blocks of 16 tokens; three requests that each grow to 4+ blocks cannot all fit.
     engine = await make_engine(num_blocks=12)
@@ -282,3 +300,13 @@ async def test_a_loop_behind_its_model_advances_quiet_steps_with_the_same_output
     monkeypatch.setattr(StepLoop, "_catch_up", lambda self, clock, now: clock)
     assert await run() == (caught_up, [0, 0, 0])
     assert [reason for _, reason, _ in caught_up] == ["stop", "length", "length"]
+
+
+def test_the_grpc_request_hands_its_packed_ids_on() -> None:
+    from services.api import worker_pb2
+    from services.common import token_bytes
+    from services.worker.convert import request_from_proto
+
+    packed = token_bytes.pack(prompt(40))
+    request = request_from_proto(worker_pb2.GenerateRequest(request_id="r", token_ids_u32=packed))
+    assert request.packed == packed and list(request.token_ids) == prompt(40)

@@ -57,18 +57,20 @@ class MockerEngine(CoreEngine):
                 scripted = self.model.tokenizer.encode(entry.completion, add_special_tokens=False).ids
                 scripted = resumed_script(scripted, request.token_ids, request.continued_tokens)
         eos = self.model.eos_token_ids[0] if self.model.eos_token_ids else None
-        filler = self._filler(request.token_ids, request.continued_tokens, request.seed)
+        filler = self._filler(request.token_ids, request.continued_tokens, request.seed, request.packed)
         return CoreRequest(checked, tokenizer=self.model.tokenizer, source=TokenSource(scripted, eos, filler),
                            share_prompt=True)  # the prompt is never copied: nothing computes on its ids
 
-    def _filler(self, prompt: Sequence[int], continued: int, request_seed: int | None) -> FillerText:
-        """The request's filler text. A continuation (a migrated or resumed request: its prompt ends with the
-        ``continued`` tokens an earlier attempt generated) goes on with the same text a clean run would
-        have produced: seeded from the original prompt and advanced past those tokens, when they are that
-        text's start (else, e.g. another ``--seed`` wrote them, seeded from the whole prompt as any request)."""
+    def _filler(self, prompt: Sequence[int], continued: int, request_seed: int | None,
+                packed: bytes = b"") -> FillerText:
+        """The request's filler text (``packed``: the prompt's ids packed, when the request has them). A
+        continuation (a migrated or resumed request: its prompt ends with the ``continued`` tokens an earlier
+        attempt generated) goes on with the same text a clean run would have produced: seeded from the
+        original prompt and advanced past those tokens, when they are that text's start (else, e.g. another
+        ``--seed`` wrote them, seeded from the whole prompt as any request)."""
         if 0 < continued < len(prompt):
             cut = len(prompt) - continued
             filler = FillerText(self._vocab, filler_seed(prompt[:cut], self.config.seed, request_seed))
             if filler.take(continued) == list(prompt[cut:]):
                 return filler
-        return FillerText(self._vocab, filler_seed(prompt, self.config.seed, request_seed))
+        return FillerText(self._vocab, filler_seed(packed or prompt, self.config.seed, request_seed))
