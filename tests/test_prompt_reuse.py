@@ -54,15 +54,20 @@ def test_next_turn_travels_as_a_tail_and_is_rebuilt_exactly() -> None:
     turn1 = tokens(10_000, 2)
     first = request(turn1)
     assert sender.shorten(first, "s:a") is None and first.prompt_key == "s:a"
-    store.resolve(first)
+    assert token_bytes.unpack(store.resolve(first)) == turn1 and not first.token_ids_u32  # the prompt left it
     turn2 = turn1 + tokens(300, 3)
     second = request(turn2)
     whole = sender.shorten(second, "s:a")
     assert whole == token_bytes.pack(turn2)
     assert second.prompt_base.tokens == len(turn1) and token_bytes.count(second.token_ids_u32) == 300
-    store.resolve(second)
-    assert token_bytes.unpack(second.token_ids_u32) == turn2 and not second.HasField("prompt_base")
+    assert token_bytes.unpack(store.resolve(second)) == turn2 and not second.HasField("prompt_base")
     assert store.rebuilt == 1
+    third = worker_pb2.GenerateRequest(request_id="r")  # the prompt given beside the message
+    packed = token_bytes.pack(turn2 + tokens(200, 9))
+    assert sender.shorten(third, "s:a", packed) == packed and token_bytes.count(third.token_ids_u32) == 200
+    assert store.resolve(third) == packed
+    fourth = worker_pb2.GenerateRequest(request_id="r")
+    assert sender.shorten(fourth, "", packed) is None and fourth.token_ids_u32 == packed  # no key: whole
 
 
 def test_a_rewritten_history_sends_what_is_still_in_common() -> None:
@@ -75,8 +80,7 @@ def test_a_rewritten_history_sends_what_is_still_in_common() -> None:
     second = request(compacted)
     sender.shorten(second, "k")
     assert second.prompt_base.tokens == 5_000
-    store.resolve(second)
-    assert token_bytes.unpack(second.token_ids_u32) == compacted
+    assert token_bytes.unpack(store.resolve(second)) == compacted
     tiny = request(turn1[:100] + tokens(5_000, 6))  # shares less than MIN_REUSE_TOKENS: goes whole
     assert sender.shorten(tiny, "k") is None and not tiny.HasField("prompt_base")
 
@@ -137,10 +141,10 @@ class Receiver:
         self, msg: worker_pb2.GenerateRequest, context: Any
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         try:
-            self.store.resolve(msg)
+            prompt = self.store.resolve(msg)
         except errors.MeshError as err:
             await errors.abort_with(context, err)
-        ids = token_bytes.unpack(msg.token_ids_u32)
+        ids = token_bytes.unpack(prompt)
         self.seen.append(ids)
         yield worker_pb2.GenerateResponse(token_ids=[len(ids)])
 

@@ -93,11 +93,12 @@ def chain_hashes(parent: int | None, token_ids: Sequence[int], block_size: int, 
     return out if parent is None else out[1:]
 
 
-def _extend(hashes: list[int], data: bytes, start: int, width: int, seed: int) -> None:
-    """Append the chained hashes of the ``width``-byte blocks of ``data`` from byte ``start`` on."""
+def _extend(hashes: list[int], data: bytes, start: int, width: int, seed: int, end: int | None = None) -> None:
+    """Append the chained hashes of the ``width``-byte blocks of ``data`` from byte ``start`` to ``end`` (None:
+    its end)."""
     parent = hashes[-1] if hashes else None
     append = hashes.append
-    for i in range(start, len(data), width):
+    for i in range(start, len(data) if end is None else end, width):
         local = _xxh3(data[i : i + width], seed)
         parent = local if parent is None else _xxh3(_pack_pair(parent, local), SEED)
         append(parent)
@@ -135,7 +136,8 @@ class PrefixHashCache:
         full = (len(token_ids) // 4 if packed else len(token_ids)) // bs
         if not full:
             return []
-        data = token_ids[: 4 * full * bs] if isinstance(token_ids, bytes) else _u32le(token_ids[: full * bs])
+        # packed: the bytes as they are (read up to the last full block), not a copy of 400 KB per 100k tokens
+        data = token_ids if isinstance(token_ids, bytes) else _u32le(token_ids[: full * bs])
         width = 4 * bs
         best_key, best = -1, 0
         for key in list(reversed(self._entries))[: self.probes]:
@@ -157,25 +159,27 @@ class PrefixHashCache:
             out = entry[2][:best]
         self.reused_blocks += best
         self.hashed_blocks += full - best
-        _extend(out, data, best * width, width, seed_for(salt))
+        _extend(out, data, best * width, width, seed_for(salt), full * width)
         if best < full and full * bs <= self.max_tokens:
             self._entries[self._next] = (salt, data, list(out))
             self._next += 1
             self._held += full * bs
             while self._held > self.max_tokens:
-                self._held -= len(self._entries.pop(next(iter(self._entries)))[1]) // 4
+                self._held -= len(self._entries.pop(next(iter(self._entries)))[2]) * bs
         return out
 
 
 def common_blocks(a: bytes, b: bytes, limit: int, width: int) -> int:
-    """How many leading ``width``-byte blocks (at most ``limit``) ``a`` and ``b`` share (memcmp, whole first)."""
+    """How many leading ``width``-byte blocks (at most ``limit``) ``a`` and ``b`` share (memcmp, whole first;
+    ``a`` is read through a memoryview: no part of either is copied)."""
     end = limit * width
-    if b.startswith(a if len(a) == end else a[:end]):
+    view = memoryview(a)
+    if b.startswith(a if len(a) == end else view[:end]):
         return limit  # the usual case: the new prompt continues the old one
     lo, hi = 0, limit - 1  # blocks [0, lo) are equal; the answer lies in [lo, hi]
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[lo * width : mid * width] == b[lo * width : mid * width]:
+        if b.startswith(view[lo * width : mid * width], lo * width):
             lo = mid
         else:
             hi = mid - 1

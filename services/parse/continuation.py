@@ -46,9 +46,11 @@ class Continued:
         return cls(ids, tuple(frames), tuple(cont.tool_call_ids), cont.prompt_tokens, cont.cached_tokens,
                    max(cont.resumes, 1))
 
-    def router_request(self, first: worker_pb2.GenerateRequest) -> worker_pb2.GenerateRequest | None:
-        """The router's request for the rest of ``first`` (the request a clean run sends); None when the
-        first stream already had every token ``max_tokens`` allows."""
+    def router_request(self, first: worker_pb2.GenerateRequest, prompt: bytes
+                       ) -> tuple[worker_pb2.GenerateRequest, bytes] | None:
+        """The router's request for the rest of ``first`` (the request a clean run sends, with its prompt
+        ``prompt``, packed ids) and the rest's prompt; None when the first stream already had every token
+        ``max_tokens`` allows."""
         done = len(self.token_ids)
         limit = first.sampling.max_tokens
         if limit and done >= limit:
@@ -56,13 +58,13 @@ class Continued:
         out = worker_pb2.GenerateRequest()
         out.CopyFrom(first)
         out.request_id = f"{first.request_id}.resumed{self.resumes}"
-        out.token_ids_u32 = first.token_ids_u32 + token_bytes.pack(self.token_ids)
+        out.ClearField("token_ids_u32")
         out.continued_tokens = first.continued_tokens + done
         if limit:
             out.sampling.max_tokens = limit - done
         if out.hints.osl:
             out.hints.osl = max(out.hints.osl - done, 0)
-        return out
+        return out, prompt + token_bytes.pack(self.token_ids)
 
     def whole_usage(self, usage: common_pb2.Usage) -> None:
         """The router's usage of the rest, made the whole turn's: the first stream's prompt counts, and the

@@ -6,7 +6,6 @@ import re
 from collections.abc import Sequence
 
 from services.api import chat_pb2, common_pb2, worker_pb2
-from services.common import token_bytes
 from services.common.errors import InvalidRequestError
 from services.parse.conversation import (
     ChatMessage,
@@ -105,9 +104,10 @@ def message_size(message: ChatMessage) -> int:
 def generate_request(
     request: chat_pb2.ChatRequest, prompt: Prompt, *, request_id: str, model: str, stop_token_ids: tuple[int, ...]
 ) -> worker_pb2.GenerateRequest:
+    """The router's request for ``prompt``, less the prompt's ids: they go with the stream, packed
+    (``ReusingStub.Generate``), or into ``token_ids_u32`` by a caller that sends the message as it is."""
     out = worker_pb2.GenerateRequest(
         request_id=request_id,
-        token_ids_u32=token_bytes.pack(prompt.token_ids),
         model=model,
         match_text=prompt.match_text,
         stop_token_ids=stop_token_ids,

@@ -25,11 +25,12 @@ RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 class ResumingRouterStream:
     """Iterate the router's frames for ``request`` (see module docstring); :meth:`cancel` leaves it."""
 
-    def __init__(self, router: ReusingStub, request: worker_pb2.GenerateRequest, *, key: str,
+    def __init__(self, router: ReusingStub, request: worker_pb2.GenerateRequest, *, prompt: bytes, key: str,
                  retry: float) -> None:
+        """``prompt``: the request's prompt, packed ids (sent beside the message: ``ReusingStub.Generate``)."""
         self._router = router
         self._request = request
-        self._prompt = request.token_ids_u32
+        self._prompt = prompt
         self._key = key
         self._retry = retry
         self._call: ReusingCall | None = None
@@ -46,10 +47,10 @@ class ResumingRouterStream:
         generated: list[int] = []
         prompt_info: worker_pb2.PromptInfo | None = None
         base = 0  # tokens generated before the current attempt
-        request = self._request
+        request, prompt = self._request, self._prompt
         deadline = loop.time() + self._retry
         while True:
-            self._call = call = self._router.Generate(request, key=self._key)
+            self._call = call = self._router.Generate(request, prompt=prompt, key=self._key)
             try:
                 async for frame in call:
                     if frame.HasField("prompt"):
@@ -72,23 +73,23 @@ class ResumingRouterStream:
             if continuation is None:  # the router went away after the last allowed token
                 yield self._finished(prompt_info, base)
                 return
-            request = continuation
+            request, prompt = continuation
             self.resumed += 1
 
-    def _continuation(self, generated: list[int]) -> worker_pb2.GenerateRequest | None:
+    def _continuation(self, generated: list[int]) -> tuple[worker_pb2.GenerateRequest, bytes] | None:
         limit = self._request.sampling.max_tokens
         if limit and len(generated) >= limit:
             return None
         out = worker_pb2.GenerateRequest()
         out.CopyFrom(self._request)
         out.ClearField("prompt_base")
-        out.token_ids_u32 = self._prompt + token_bytes.pack(generated)
+        out.ClearField("token_ids_u32")
         out.continued_tokens = self._request.continued_tokens + len(generated)
         if limit:
             out.sampling.max_tokens = limit - len(generated)
         if out.hints.osl:
             out.hints.osl = max(out.hints.osl - len(generated), 0)
-        return out
+        return out, self._prompt + token_bytes.pack(generated)
 
     def _whole_usage(self, usage: common_pb2.Usage, prompt: worker_pb2.PromptInfo | None, base: int) -> None:
         usage.completion_tokens += base

@@ -118,8 +118,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             await errors.abort_with(context, err)
             return
         model = self._format.served_model_name
-        generate = router_request(request, prompt, max_tokens, request_id=request_id, model=model,
-                                  stop_token_ids=self._format.stop_token_ids)
+        generate, packed = router_request(request, prompt, max_tokens, request_id=request_id, model=model,
+                                          stop_token_ids=self._format.stop_token_ids)
         pipeline = self._format.output_pipeline(prompt.text, prompt.schemas,
                                                 continued.call_ids if continued is not None else ())
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
@@ -133,7 +133,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                                                report=continued is None)
             call: ResumingRouterStream | FinishedStream
             if continued is None:
-                call = ResumingRouterStream(self._router, generate, key=prompt_key(session, generate.token_ids_u32),
+                call = ResumingRouterStream(self._router, generate, prompt=packed, key=prompt_key(session, packed),
                                             retry=self._router.retry_unavailable)
             else:  # the rest of a stream a replica that went away began: replay what it sent, silently
                 span.set_attribute("parse.continued_tokens", len(continued.token_ids))
@@ -143,9 +143,9 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                     reasoning_tokens.feed(len(frame_ids), replayed)
                     if spec_turn is not None:
                         spec_turn.observe(replayed)
-                rest = continued.router_request(generate)
+                rest = continued.router_request(generate, packed)
                 call = (continued.finished_stream() if rest is None else ResumingRouterStream(
-                    self._router, rest, key=prompt_key(session, rest.token_ids_u32),
+                    self._router, rest[0], prompt=rest[1], key=prompt_key(session, rest[1]),
                     retry=self._router.retry_unavailable))
             sent = finished = False
             announced = continued is not None  # a resumed stream's Started went out with its first part
@@ -317,12 +317,12 @@ class ParseService(parse_pb2_grpc.ParseServicer):
 def router_request(
     request: chat_pb2.ChatRequest, prompt: Prompt, max_tokens: int, *, request_id: str, model: str,
     stop_token_ids: tuple[int, ...],
-) -> worker_pb2.GenerateRequest:
-    """The router's request for a chat turn: the client's sampling with ``max_tokens`` as given (the client's
-    cap fitted to the context). ``request`` is left as it came."""
+) -> tuple[worker_pb2.GenerateRequest, bytes]:
+    """The router's request for a chat turn (the client's sampling with ``max_tokens`` as given: the client's
+    cap fitted to the context) and its prompt's ids packed, which go beside it. ``request`` is left as it came."""
     out = convert.generate_request(request, prompt, request_id=request_id, model=model, stop_token_ids=stop_token_ids)
     out.sampling.max_tokens = max_tokens
-    return out
+    return out, token_bytes.pack(prompt.token_ids)
 
 
 class _SpanEvents:

@@ -70,6 +70,7 @@ def next_turn_request(
     prompt = fmt.build_prompt(predicted)
     out = convert.generate_request(request, prompt, request_id=f"{request_id}-spec", model=fmt.served_model_name,
                                    stop_token_ids=fmt.stop_token_ids)
+    out.token_ids_u32 = token_bytes.pack(prompt.token_ids)  # sent as it is (a prefill, off the turn's path)
     out.prefill_only = True
     out.target_worker_id = worker_id
     out.hints.speculative_prefill = False

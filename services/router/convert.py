@@ -56,10 +56,11 @@ def worker_info(ep: WorkerEndpoint) -> worker_pb2.WorkerInfo:
     )
 
 
-def proxy_request(request: worker_pb2.GenerateRequest) -> ProxyRequest:
+def proxy_request(request: worker_pb2.GenerateRequest, prompt: bytes) -> ProxyRequest:
+    """The router's view of ``request``, whose prompt (packed ids) is ``prompt`` (``PromptStore.resolve``)."""
     return ProxyRequest(
         request_id=request.request_id,
-        tokens=request.token_ids_u32,
+        tokens=prompt,
         max_tokens=request.sampling.max_tokens,
         osl=request.hints.osl,
         priority=request.hints.priority,
@@ -71,11 +72,11 @@ def proxy_request(request: worker_pb2.GenerateRequest) -> ProxyRequest:
 
 
 def worker_request(request: worker_pb2.GenerateRequest, attempt: AttemptRequest) -> worker_pb2.GenerateRequest:
-    """The client's request as one attempt runs it (fields the router does not read travel unchanged)."""
+    """The client's request as one attempt runs it (fields the router does not read travel unchanged), less
+    its prompt: ``attempt.tokens`` goes with the stream (``ReusingStub.Generate``)."""
     out = worker_pb2.GenerateRequest()
     out.CopyFrom(request)
-    if len(attempt.tokens) != len(out.token_ids_u32):  # a migration: the prompt plus the tokens so far
-        out.token_ids_u32 = attempt.tokens
+    out.ClearField("token_ids_u32")
     # Assigned only when changed: an unset sub-message stays unset.
     if attempt.max_tokens != out.sampling.max_tokens:
         out.sampling.max_tokens = attempt.max_tokens

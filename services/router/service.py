@@ -37,8 +37,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         sent = False
         try:
-            self.prompts.resolve(request)
-            async for frame in self._proxy.run(convert.proxy_request(request),
+            prompt = self.prompts.resolve(request)
+            async for frame in self._proxy.run(convert.proxy_request(request, prompt),
                                                GrpcWorkerStreams(self._channels, request)):
                 sent = True
                 yield convert.generate_response(frame)

@@ -111,7 +111,7 @@ class GrpcWorkerStreams:
     def open(self, endpoint: WorkerEndpoint, attempt: AttemptRequest) -> GrpcWorkerStream:
         request = convert.worker_request(self._request, attempt)
         stub = self._channels.generate_stub(endpoint.address)
-        return GrpcWorkerStream(stub.Generate(request, key=request.prompt_key))
+        return GrpcWorkerStream(stub.Generate(request, prompt=attempt.tokens, key=request.prompt_key))
 
 
 class GrpcRecoverySource:

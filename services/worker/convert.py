@@ -25,9 +25,11 @@ _FINISH: dict[FinishReason, common_pb2.FinishReason.ValueType] = {
 }
 
 
-def request_from_proto(msg: worker_pb2.GenerateRequest) -> EngineRequest:
+def request_from_proto(msg: worker_pb2.GenerateRequest, prompt: bytes | None = None) -> EngineRequest:
+    """The engine's request for ``msg``, whose prompt (packed ids) is ``prompt`` (``PromptStore.resolve``;
+    None: ``msg.token_ids_u32``)."""
     s = msg.sampling
-    packed = msg.token_ids_u32
+    packed = msg.token_ids_u32 if prompt is None else prompt
     return EngineRequest(
         request_id=msg.request_id,
         token_ids=token_bytes.unpack_array(packed),  # ints made only where needed

@@ -52,10 +52,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GenerateRequest, context: Context  # type: ignore[override]
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         try:
-            self.prompts.resolve(request)
+            prompt = self.prompts.resolve(request)
         except errors.MeshError as err:
             await errors.abort_with(context, err)  # raises: the router sends the whole prompt again
-        req = convert.request_from_proto(request)
+        req = convert.request_from_proto(request, prompt)
         if not req.request_id:
             req = replace(req, request_id=f"req-{uuid.uuid4().hex[:12]}")
         started = time.monotonic()

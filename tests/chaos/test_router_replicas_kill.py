@@ -70,7 +70,8 @@ async def wait_serving(address: str, workers: int) -> None:
 async def one(stub: ReusingStub, i: int) -> int:
     tokens = [i * 1000 + t for t in range(40)]
     generate = request(tokens, max_tokens=MAX_TOKENS)
-    stream = ResumingRouterStream(stub, generate, key=prompt_key("", generate.token_ids_u32), retry=10.0)
+    packed = generate.token_ids_u32
+    stream = ResumingRouterStream(stub, generate, prompt=packed, key=prompt_key("", packed), retry=10.0)
     got = 0
     final = None
     async for frame in stream:

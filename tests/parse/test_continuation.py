@@ -102,21 +102,23 @@ def test_carried_call_ids_come_first_then_new_ones() -> None:
 
 
 def test_continued_router_request_and_usage() -> None:
-    first = worker_pb2.GenerateRequest(request_id="r1", token_ids_u32=token_bytes.pack([1, 2, 3]),
-                                       sampling=common_pb2.SamplingParams(max_tokens=10))
+    first = worker_pb2.GenerateRequest(request_id="r1", sampling=common_pb2.SamplingParams(max_tokens=10))
+    prompt = token_bytes.pack([1, 2, 3])
     first.hints.osl = 6
     cont = Continued.from_proto(chat_pb2.Continuation(
         token_ids_u32=token_bytes.pack([7, 8, 9]), frame_sizes=[1, 2], prompt_tokens=3, cached_tokens=2, resumes=2))
     assert cont.frames == ((7,), (8, 9))
-    rest = cont.router_request(first)
-    assert rest is not None and token_bytes.unpack(rest.token_ids_u32) == [1, 2, 3, 7, 8, 9]
+    resumed = cont.router_request(first, prompt)
+    assert resumed is not None
+    rest, rest_prompt = resumed
+    assert token_bytes.unpack(rest_prompt) == [1, 2, 3, 7, 8, 9] and not rest.token_ids_u32
     assert (rest.continued_tokens, rest.sampling.max_tokens, rest.hints.osl) == (3, 7, 3)
     assert rest.request_id == "r1.resumed2" and first.sampling.max_tokens == 10  # first left as it came
     usage = common_pb2.Usage(prompt_tokens=6, completion_tokens=4, cached_tokens=5)
     cont.whole_usage(usage)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (3, 7, 2)
     first.sampling.max_tokens = 3
-    assert cont.router_request(first) is None  # every allowed token came already
+    assert cont.router_request(first, prompt) is None  # every allowed token came already
     with pytest.raises(InvalidRequestError):
         Continued.from_proto(chat_pb2.Continuation(token_ids_u32=token_bytes.pack([7, 8]), frame_sizes=[1]))
 

@@ -218,10 +218,10 @@ async def test_max_tokens_beyond_the_context_is_clamped(mesh: tuple[FakeRouter, 
 
 def test_router_request_fits_max_tokens_without_touching_the_client_request() -> None:
     client = chat_request(sampling=common_pb2.SamplingParams(max_tokens=5000, temperature=0.5))
-    sent = router_request(client, Prompt("hi", [1, 2, 3], "hi"), 4093, request_id="r1", model="m",
-                          stop_token_ids=(9,))
+    sent, packed = router_request(client, Prompt("hi", [1, 2, 3], "hi"), 4093, request_id="r1", model="m",
+                                  stop_token_ids=(9,))
     assert (sent.sampling.max_tokens, sent.sampling.temperature) == (4093, 0.5)
-    assert token_bytes.unpack(sent.token_ids_u32) == [1, 2, 3]
+    assert token_bytes.unpack(packed) == [1, 2, 3] and not sent.token_ids_u32  # the prompt goes beside it
     assert client.sampling.max_tokens == 5000
 
 

@@ -8,6 +8,7 @@ import struct
 import pytest
 import xxhash
 
+from services.common import token_bytes
 from services.common.block_hash import (
     SEED,
     PrefixHashCache,
@@ -87,3 +88,22 @@ def test_prefix_hash_cache_equals_sequence_hashes_and_reuses_the_common_prefix()
     for _ in range(20):  # bounded: least recently used prompts go
         cache.hashes([rng.randrange(50_000) for _ in range(3000)])
     assert sum(len(e[1]) // 4 for e in cache._entries.values()) <= 20_000
+
+
+def test_prefix_hash_cache_reads_packed_prompts_as_they_are() -> None:
+    """Packed prompts (the router's and the worker's input) with a partial last block are hashed up to their
+    last full block without being cut first; a fork inside a kept prompt is found by the blockwise search."""
+    rng = random.Random(8)
+    cache = PrefixHashCache(16, max_tokens=20_000)
+    turn = [rng.randrange(50_000) for _ in range(3007)]
+    assert cache.hashes(token_bytes.pack(turn)) == sequence_hashes(turn, 16)
+    nxt = [*turn, *(rng.randrange(50_000) for _ in range(509))]
+    assert cache.hashes(token_bytes.pack(nxt)) == sequence_hashes(nxt, 16)
+    assert cache.reused_blocks == len(turn) // 16
+    forked = [*nxt[:2011], *(rng.randrange(50_000) for _ in range(901))]
+    before = cache.reused_blocks
+    assert cache.hashes(token_bytes.pack(forked)) == sequence_hashes(forked, 16)
+    assert cache.reused_blocks - before == 2011 // 16
+    for _ in range(20):  # bounded by the full blocks kept, whatever the bytes past them
+        cache.hashes(token_bytes.pack([rng.randrange(50_000) for _ in range(3001)]))
+    assert sum(len(e[2]) * 16 for e in cache._entries.values()) <= 20_000

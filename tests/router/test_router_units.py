@@ -139,14 +139,14 @@ def absorb(progress: StreamProgress, response: worker_pb2.GenerateResponse,
 
 
 def test_stream_progress_stitches_a_migration() -> None:
-    req = worker_pb2.GenerateRequest(token_ids_u32=token_bytes.pack([1, 2, 3]),
-                                     sampling=common_pb2.SamplingParams(max_tokens=5),
+    req = worker_pb2.GenerateRequest(sampling=common_pb2.SamplingParams(max_tokens=5),
                                      hints=common_pb2.AgentHints(osl=5))
-    progress = StreamProgress(convert.proxy_request(req))
+    progress = StreamProgress(convert.proxy_request(req, token_bytes.pack([1, 2, 3])))
     first = absorb(progress, frame([7, 8], prompt=worker_pb2.PromptInfo(prompt_tokens=3, cached_tokens=2)), "a")
     assert first is not None and first.prompt.worker_id == "a"
-    retry = convert.worker_request(req, progress.next_attempt())
-    assert token_bytes.unpack(retry.token_ids_u32) == [1, 2, 3, 7, 8]
+    attempt = progress.next_attempt()
+    retry = convert.worker_request(req, attempt)
+    assert token_bytes.unpack(attempt.tokens) == [1, 2, 3, 7, 8] and not retry.token_ids_u32  # sent beside it
     assert retry.sampling.max_tokens == 3 and retry.hints.osl == 3
     assert retry.continued_tokens == 2  # the worker is told which prompt tokens were generated
     again = absorb(progress, frame([9], prompt=worker_pb2.PromptInfo(prompt_tokens=5, cached_tokens=4)), "b")
@@ -159,8 +159,8 @@ def test_stream_progress_stitches_a_migration() -> None:
 
 
 def test_prefill_only_streams_no_tokens() -> None:
-    req = worker_pb2.GenerateRequest(token_ids_u32=token_bytes.pack([1, 2, 3]), prefill_only=True, target_worker_id="a")
-    progress = StreamProgress(convert.proxy_request(req))
+    req = worker_pb2.GenerateRequest(prefill_only=True, target_worker_id="a")
+    progress = StreamProgress(convert.proxy_request(req, token_bytes.pack([1, 2, 3])))
     sent = convert.worker_request(req, progress.next_attempt())
     assert sent.sampling.max_tokens == 1 and not sent.prefill_only and not sent.target_worker_id
     out = absorb(progress, frame([5], finish_reason=common_pb2.FINISH_REASON_LENGTH,
