@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # services.common.grpc_io, when the repo is not installed (as every bench)
 ENGINES = {"event-engine": "", "poller": None}  # None: services.common.grpc_io.POLLER_IO
 
 SERVER = """
