@@ -20,6 +20,16 @@ def test_pack_unpack_round_trip(ids: list[int]) -> None:
     assert token_bytes.unpack(data) == ids
     ids_array = token_bytes.unpack_array(data)
     assert list(ids_array) == ids and token_bytes.pack(ids_array) == data  # packed again as a buffer copy
+    view = token_bytes.view(data)
+    assert len(view) == len(ids) and list(view) == ids and list(view[1:-1]) == ids[1:-1]
+    assert token_bytes.pack(view) == data
+
+
+def test_a_view_reads_the_packed_bytes_in_place() -> None:
+    data = token_bytes.pack(range(1000, 1100))
+    view = token_bytes.view(data)
+    assert isinstance(view, memoryview) and view.obj is data and view.readonly  # no copy made
+    assert view[5] == 1005 and view[-1] == 1099
 
 
 def test_little_endian_layout() -> None:
@@ -37,6 +47,8 @@ def test_a_torn_buffer_is_an_invalid_request() -> None:
         token_bytes.unpack(b"\x01\x00\x00")
     with pytest.raises(InvalidRequestError, match="multiple of 4"):
         token_bytes.unpack_array(b"\x01\x00\x00\x00\x02")
+    with pytest.raises(InvalidRequestError, match="multiple of 4"):
+        token_bytes.view(b"\x01\x00")
 
 
 @pytest.mark.parametrize("block_size", [16, 64])

@@ -72,6 +72,18 @@ def unpack_array(data: bytes) -> array[int]:
     return ids
 
 
+def view(data: bytes) -> Sequence[int]:
+    """The token ids packed in ``data``, read in place: a read-only ``memoryview`` of uint32 over ``data``
+    (no copy: a 100k-token prompt's 400 KB, which fresh memory makes ~0.3 ms here), or on a big-endian host an
+    :func:`unpack_array` copy. Slices are memoryviews too; compare them as lists. A length that is not a
+    multiple of 4 is an invalid request."""
+    if len(data) % 4:
+        raise InvalidRequestError(f"packed token ids have {len(data)} bytes, not a multiple of 4", param="token_ids")
+    if _SWAP or array("I").itemsize != 4:  # pragma: no cover - no platform we run on
+        return unpack_array(data)
+    return memoryview(data).cast("I")
+
+
 def count(data: bytes) -> int:
     """How many token ids ``data`` holds."""
     return len(data) // 4

@@ -32,7 +32,7 @@ def request_from_proto(msg: worker_pb2.GenerateRequest, prompt: bytes | None = N
     packed = msg.token_ids_u32 if prompt is None else prompt
     return EngineRequest(
         request_id=msg.request_id,
-        token_ids=token_bytes.unpack_array(packed),  # ints made only where needed
+        token_ids=token_bytes.view(packed),  # read in place: no copy, no int made until one is read
         packed=packed,
         max_tokens=s.max_tokens,
         stop=tuple(s.stop),
