@@ -9,11 +9,13 @@ import random
 from typing import Any
 
 import orjson
+import pytest
 
 from gateway.apis.responses.convert import ConvertedRun, chat_request, converted_runs
 from gateway.apis.responses.models import ResponsesRequest
 from gateway.converted_messages import ConvertedMessages
 from services.api import chat_pb2
+from services.common.errors import InvalidRequestError
 from tests.gateway.conversation_edits import edited_conversations
 
 WORDS = ["alpha", "beta", "gamma", "parse", "tool", "read", "écrire", "工具"]
@@ -110,3 +112,13 @@ def test_a_next_turn_reuses_every_run_it_repeats() -> None:
     assert convert(raw, [], converted) == convert(raw, [], None)
     # runs: [user, call 0], [output 0, call 1], ..., [output 19]: the last one gains call 20, so 20 are reused
     assert converted.reused - before == 20
+
+
+@pytest.mark.parametrize("kind", [{"role": "user"}, [], 7])
+def test_an_item_type_that_is_not_a_string_is_a_400_with_or_without_the_memo(kind: Any) -> None:
+    # found by bench/fuzz.py: cutting the input into runs looked the type up in a set (a 500 for a dict or a list)
+    raw = {"model": "m", "input": [{"role": "user", "content": "hi"}, {"type": kind, "call_id": "c1", "output": "22"}]}
+    for converted in (converted_runs(), None):
+        with pytest.raises(InvalidRequestError) as info:
+            convert(raw, [], converted)
+        assert info.value.param == "input[1].type"

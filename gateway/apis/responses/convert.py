@@ -130,9 +130,13 @@ def _reasoning_text(item: ReasoningItem) -> str:
     return "\n\n".join(s.text for s in item.summary if s.text)
 
 
-def _item_kind(entry: dict[str, Any]) -> Any:
-    """An input item's type (``message`` when it has a role and no type)."""
-    return entry.get("type", "message" if "role" in entry else None)
+def _item_kind(entry: dict[str, Any], param: str) -> str | None:
+    """An input item's type (``message`` when it has a role and no type; None when it has neither); a type that
+    is not a string is an invalid request naming ``param``."""
+    kind = entry.get("type", "message" if "role" in entry else None)
+    if kind is not None and not isinstance(kind, str):
+        raise InvalidRequestError(f"{param}.type must be a string, not {type(kind).__name__}", param=f"{param}.type")
+    return kind
 
 
 class _Builder:
@@ -180,11 +184,11 @@ class _Builder:
         param = f"input[{i}]"
         if not isinstance(entry, dict):
             raise InvalidRequestError(f"{param} must be an object", param=param)
-        kind = _item_kind(entry)
+        kind = _item_kind(entry, param)
         if kind == "additional_tools":
             add_tools(entry.get("tools") or [], tools, tools_out, f"{param}.tools")
             return
-        model = _ITEM_MODELS.get(kind) if isinstance(kind, str) else None
+        model = _ITEM_MODELS.get(kind) if kind is not None else None
         if model is None:
             log.debug("responses.item_skipped", item_type=kind, param=param)
             return
@@ -226,7 +230,7 @@ def _runs(raw: list[Any]) -> list[tuple[Any, ...]] | None:
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             return None
-        kind = _item_kind(entry)
+        kind = _item_kind(entry, f"input[{i}]")
         if kind == "additional_tools":
             return None
         if i > start and (kind in _STARTS_RUN or (kind == "message" and entry.get("role") != "assistant")):

@@ -108,6 +108,8 @@ def test_codex_thread_headers_map_to_session_and_trajectory() -> None:
     ({"input": "hi", "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
     ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
     ({"input": []}, "input"),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": {"role": "user"}, "call_id": "c1"}]}, "input[1].type"),
+    ({"input": [{"type": [], "call_id": "c1", "output": "22"}]}, "input[0].type"),
 ])
 def test_malformed_requests_name_the_field(body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequestError) as info:
