@@ -29,6 +29,8 @@ def le32(token_ids: Sequence[int]) -> bytes:
     """:func:`pack` for callers with their own error: raises ``OverflowError`` / ``TypeError`` as ``array`` does."""
     if isinstance(token_ids, array) and token_ids.typecode == "I" and token_ids.itemsize == 4 and not _SWAP:
         return token_ids.tobytes()  # ids unpacked by :func:`unpack_array`: a copy of their buffer
+    if isinstance(token_ids, memoryview) and token_ids.format == "I" and token_ids.itemsize == 4 and not _SWAP:
+        return token_ids.tobytes()  # ids read in place by :func:`view` (or a slice of them): a copy of their bytes
     if isinstance(token_ids, range) and token_ids.step == 1 and 0 <= token_ids.start < token_ids.stop <= 1 << 32:
         return _consecutive(token_ids.start, len(token_ids))  # trace blocks (replay): no int per id
     data = array("I", token_ids)  # one C call, not one struct.pack per id
