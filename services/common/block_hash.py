@@ -174,7 +174,7 @@ def common_blocks(a: bytes, b: bytes, limit: int, width: int) -> int:
     ``a`` is read through a memoryview: no part of either is copied)."""
     end = limit * width
     view = memoryview(a)
-    if b.startswith(a if len(a) == end else view[:end]):
+    if b.startswith(view[:end]):
         return limit  # the usual case: the new prompt continues the old one
     lo, hi = 0, limit - 1  # blocks [0, lo) are equal; the answer lies in [lo, hi]
     while lo < hi:
