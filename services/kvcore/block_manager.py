@@ -35,7 +35,7 @@ from operator import add, eq, gt, not_, sub
 
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.common.sequences import common_prefix
-from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock
+from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock, stored_blocks
 
 
 @dataclass(slots=True)
@@ -480,7 +480,7 @@ class BlockManager:
         ids = self._take_block_ids(fresh + (1 if end % bs else 0), removed)
         sealed_ids = ids[:fresh] if old is None else [old.block_id, *ids[:fresh]]
         full.update(zip(new, sealed_ids, strict=True))
-        runs.append((seq.hashes[-1] if seq.hashes else None, list(map(StoredBlock, new, sealed_ids, repeat(bs)))))
+        runs.append((seq.hashes[-1] if seq.hashes else None, stored_blocks(new, sealed_ids, bs)))
         seq.hashes.extend(new)
         seq.partial = _Partial(ids[-1]) if end % bs else None
         return True

@@ -134,6 +134,14 @@ class EngineCore:
         self.scheduler.advance_quiet(steps)
         self.steps += steps
 
+    def decode_stretch(self, step_ms: Callable[[int], float], start: float, horizon: float,
+                       flush: Callable[[], None], *, first: bool) -> tuple[int, float, StepPlan | None]:
+        """The next quiet and plain steps in one pass (:meth:`Scheduler.decode_stretch`): (steps, the last one's end,
+        None), or a plan that admits the waiting request after them, to complete as :meth:`plain_step`'s."""
+        steps, end, admits = self.scheduler.decode_stretch(step_ms, start, horizon, flush, first=first)
+        self.steps += steps
+        return steps, end, admits
+
     def plain_step(self) -> StepPlan | None:
         """Schedule and complete the next step at once when it only decodes (:meth:`Scheduler.plain_step`).
 

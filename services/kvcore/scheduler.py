@@ -27,7 +27,7 @@ completes (``torch_engine/kv_store.py``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.kvcore.block_manager import BlockManager
@@ -230,6 +230,105 @@ class Scheduler:
             self.blocks.extend_partial(req.seq, tokens)
             req.deliver_quiet(tokens)
 
+    def decode_stretch(self, step_ms: Callable[[int], float], start: float, horizon: float,
+                       flush: Callable[[], None], *, first: bool) -> tuple[int, float, StepPlan | None]:
+        """Take the next steps that :meth:`quiet_steps` / :meth:`plain_step` would take one run or one step at a
+        time, in one pass: (steps taken, the last one's end, None), or, when a step admits the waiting request
+        after all, ``(steps before it, their end, that step's plan)``, a plan to complete as :meth:`plain_step`'s.
+        A simulated clock only (no compute runs between the steps).
+
+        Steps start at ``start`` (ms) and follow each other; each lasts ``step_ms(active blocks once its blocks
+        are taken)``, summed step by step. The first is taken even at or past ``horizon`` when ``first``; every
+        other only while the clock is before ``horizon``. Each step decodes one known token per running request
+        (none stops or ends it: see :meth:`plain_step`). A step in which no token fills or opens a block is a
+        quiet one; in one that does, those requests hold their tokens in running order and the waiting request
+        is tried, exactly as :meth:`plain_step` does (blocks taken or evicted, sealed, events emitted), and
+        ``flush`` is called before the next step, as the one-by-one loop delivers events. The other requests'
+        tokens are held and delivered at their next block boundary or at the end, all at once: in between
+        they touch no shared state and nothing reads them.
+
+        The stretch stops before a step that would end a request or lacks the blocks it opens (a preemption):
+        :meth:`plan_step` takes those.
+        """
+        running = self.running
+        if not running or not all(map(_decodes_plainly, running)):
+            return 0, start, None
+        blocks = self.blocks
+        bs = blocks.block_size
+        budget = self.max_num_batched_tokens - len(running)
+        tries = bool(self.waiting) and len(running) < self.max_num_seqs and budget > 0  # the waiting request
+        crossing = [_next_crossing(req, 0, bs) for req in running]
+        if tries and 1 not in crossing and not self._refuse(self.waiting[0], budget):
+            return 0, start, None  # (a step that holds blocks tries it after taking them, below)
+        most = min(req.max_tokens - 1 - req.generated for req in running)  # steps before one would end a request
+        applied = [0] * len(running)  # tokens of the stretch each request holds (and was given) so far
+        ms_of: dict[int, float] = {}
+        ms = ms_of[blocks.active_blocks] = step_ms(blocks.active_blocks)
+        end, steps = start, 0
+        held = False  # the last step held blocks: its events go out before the next step
+        while steps < most and (end < horizon or (steps == 0 and first)):
+            step = steps + 1
+            nearest = min(crossing)
+            if nearest > step:  # steps whose tokens all stay in their partial blocks
+                if held:
+                    flush()
+                    held = False
+                last = min(nearest - 1, most)
+                end += ms
+                steps = step
+                while steps < last and end < horizon:
+                    end += ms
+                    steps += 1
+                continue
+            crossers = [running[i] for i, c in enumerate(crossing) if c == step]
+            if sum(req.seq.partial is None for req in crossers) > blocks.available_blocks:
+                break
+            for i, c in enumerate(crossing):
+                if c == step:
+                    self._hand_over(running[i], step - 1 - applied[i])
+                    applied[i] = step - 1
+            if held:
+                flush()
+            for req in crossers:
+                token = req.lookahead()
+                assert token is not None, "checked: known in advance"
+                blocks.append(req.seq, (token,))
+            if tries and not self._refuse(self.waiting[0], budget):
+                return steps, end, self._admitting_step(applied, crossing, step)
+            for i, c in enumerate(crossing):
+                if c == step:
+                    req = running[i]
+                    req.deliver_quiet(req.take_known(1))
+                    applied[i] = step
+                    crossing[i] = _next_crossing(req, step, bs)
+            held = True
+            active = blocks.active_blocks
+            ms = ms_of[active] if active in ms_of else ms_of.setdefault(active, step_ms(active))
+            end += ms
+            steps = step
+        for req, done in zip(running, applied, strict=True):
+            self._hand_over(req, steps - done)
+        return steps, end, None
+
+    def _admitting_step(self, applied: list[int], crossing: list[int], step: int) -> StepPlan:
+        """Step ``step`` of a decode stretch admits the waiting request: every running request then holds its tokens
+        up to it (those that filled or opened a block hold this step's already); the plan is :meth:`plain_step`'s."""
+        for req, done, c in zip(self.running, applied, crossing, strict=True):
+            if c != step:
+                self._hand_over(req, step - 1 - done)
+                token = req.lookahead()
+                assert token is not None, "checked: known in advance"
+                self.blocks.extend_partial(req.seq, (token,))
+        tokens = [req.lookahead() for req in self.running]
+        return self._plain_admits(tokens, self.max_num_batched_tokens - len(self.running))  # type: ignore[arg-type]
+
+    def _hand_over(self, req: CoreRequest, count: int) -> None:
+        """``req``'s next ``count`` tokens: held in its partial block and delivered (they end nothing)."""
+        if count > 0:
+            tokens = req.take_known(count)
+            self.blocks.extend_partial(req.seq, tokens)
+            req.deliver_quiet(tokens)
+
     def _try_schedule(self, req: CoreRequest, budget: int) -> ScheduledItem | None:
         """Take blocks for ``req``'s share of the step; None (nothing taken) if they are not there."""
         start = req.seq.length
@@ -319,3 +418,12 @@ def _quiet_room(req: CoreRequest, block_size: int) -> int:
         stops = req.stop_ids
         room = next((i for i, token in enumerate(req.source.known(room)) if token in stops), room)
     return room
+
+
+def _next_crossing(req: CoreRequest, step: int, block_size: int) -> int:
+    """The first step after ``step`` (of a decode stretch; ``req`` holds its tokens up to there) whose token fills
+    ``req``'s partial block or opens a new one."""
+    seq = req.seq
+    if seq.partial is None:
+        return step + 1
+    return step + block_size - (seq.length - len(seq.hashes) * block_size)

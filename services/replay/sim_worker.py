@@ -56,6 +56,7 @@ class SimWorker:
         self.scheduler = self.core.scheduler
         self.plan: StepPlan | None = None
         self.finished_early: list[CoreRequest] = []  # ended while scheduling (no KV room at all)
+        self._decode_ms_memo: dict[tuple[int, int], float] = {}  # (batch, active blocks) -> a decode step's ms
 
     def add(self, request_id: str, tokens: Sequence[int], max_tokens: int,
             block_hashes: list[int] | None = None) -> CoreRequest:
@@ -73,15 +74,24 @@ class SimWorker:
         """Plan the next step at ``now`` (ms); when it ends, or None when nothing can run now.
 
         Decode steps planned before ``horizon`` (the next arrival, which might change the batch) run as one
-        event when nobody gets a first token or finishes in them: quiet ones (``EngineCore.quiet_steps``: no
-        block taken, no event) advanced together, plain ones (``EngineCore.plain_step``: blocks taken and
-        events emitted) one by one. The returned end is the last one's, summed step by step as the
-        step-by-step loop would; their events reach the router before the next arrival, as theirs would.
+        event when nobody gets a first token or finishes in them: in one pass over the batch
+        (``EngineCore.decode_stretch``: each request's tokens handled at its block boundaries), else quiet ones
+        (``EngineCore.quiet_steps``: no block taken, no event) together and plain ones (``EngineCore.plain_step``:
+        blocks taken and events emitted) one by one. The returned end is the last one's, summed step by step as
+        the step-by-step loop would; their events reach the router before the next arrival, as theirs would.
         """
         end, stepped = now, False
         while not stepped or end < horizon:  # the first step starts now, the others before the next arrival
             if stepped:
                 self._flush()
+            steps, stretch_end, admits = self.core.decode_stretch(self._decode_ms, end, horizon, self._flush,
+                                                                  first=not stepped)
+            if admits is not None:  # its last step admits a waiting request: a real step, completed when it ends
+                self.plan = admits
+                return stretch_end + 1000.0 * admits.modelled_seconds(self._timing)
+            if steps:
+                end, stepped = stretch_end, True
+                continue
             quiet = self.core.quiet_steps()
             if quiet:
                 end, stepped = self._advance_quiet(end, horizon, quiet), True
@@ -100,6 +110,17 @@ class SimWorker:
         self.finished_early.extend(plan.finished)
         self.plan = plan if plan.items else None
         return now + 1000.0 * plan.modelled_seconds(self._timing) if plan.items else None
+
+    def _decode_ms(self, active_blocks: int) -> float:
+        """How long a step that only decodes the running batch lasts (ms) at ``active_blocks`` blocks in use."""
+        key = (len(self.scheduler.running), active_blocks)
+        ms = self._decode_ms_memo.get(key)
+        if ms is None:
+            if len(self._decode_ms_memo) >= 1 << 14:
+                self._decode_ms_memo.clear()
+            ms = self._decode_ms_memo[key] = 1000.0 * StepPlan(
+                decode_batch=key[0], active_blocks=active_blocks).modelled_seconds(self._timing)
+        return ms
 
     def _advance_quiet(self, start: float, horizon: float, most: int) -> float:
         """Advance up to ``most`` quiet steps from ``start``, the first planned then, the others before

@@ -218,7 +218,7 @@ def load_trace(path: str | Path, limit: int = 0) -> list[TraceRequest]:
             try:
                 obj = json.loads(line)
                 out.append(TraceRequest(float(obj["timestamp"]), int(obj["input_length"]),
-                                        int(obj["output_length"]), tuple(int(h) for h in obj["hash_ids"])))
+                                        int(obj["output_length"]), tuple(map(int, obj["hash_ids"]))))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a Mooncake trace line ({exc})") from exc
             if limit and len(out) >= limit:

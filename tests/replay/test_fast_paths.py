@@ -1,7 +1,7 @@
 """The simulator's fast paths give exactly what the step-by-step, token-list, block-by-block paths give.
 
-Fast paths: runs of decode steps as one event (``EngineCore.quiet_steps`` / ``advance_quiet``,
-``EngineCore.plain_step``, ``SimWorker.start_step``),
+Fast paths: runs of decode steps as one event (``EngineCore.decode_stretch``, ``EngineCore.quiet_steps`` /
+``advance_quiet``, ``EngineCore.plain_step``, ``SimWorker.start_step``),
 bulk sealing of uncached known blocks (``BlockManager._fill_new``), lazily held trace prompts
 (``PromptTokens``, ``TokenStream``, ``TokenWindow``) and batched token draws (``TokenSource.take``).
 """
@@ -68,6 +68,7 @@ def test_fast_paths_replay_exactly_like_the_step_by_step_loop(
     trace = _trace(tmp_path)
     fast = _run(trace, mode)
     with monkeypatch.context() as m:
+        m.setattr(EngineCore, "decode_stretch", lambda self, step_ms, start, *args, **kwargs: (0, start, None))
         m.setattr(EngineCore, "quiet_steps", lambda self: 0)
         m.setattr(EngineCore, "plain_step", lambda self: None)
         m.setattr(BlockManager, "_fill_new", lambda self, *args: False)
