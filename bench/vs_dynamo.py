@@ -26,7 +26,8 @@ Metrics (numbers as in the issue):
 4. A tool-loop session's cached next turn: turn 1 is a ~4k / ~100k-token history (read_file calls and
    results), then the next turn (history + one more call + result) is sent and its TTFT is the "serving
    time to first token" (the prefix is cached; ~250 new tokens). Ratios: at 100k harnessmesh / dynamo,
-   and harnessmesh at 100k / at 4k.
+   and harnessmesh at 100k / at 4k. Every TTFT's clock starts once the client has encoded the body
+   (``client.stream_chat``): the client's own JSON encoding (~1.3 ms at 100k) is no part of serving.
 5. Output tokens/s at concurrency 8 with 1,024-token outputs (``ignore_eos``; ``--decode-requests``).
 6. Offline replay wall time of a long-prompt Mooncake trace (``bench/long_trace.py``: ~100k-token prompts,
    KV pressure): ``harnessmesh replay`` vs. ``dynamo.replay.api.run_trace_replay`` (in the side venv),

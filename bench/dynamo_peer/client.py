@@ -27,11 +27,17 @@ class StreamError(RuntimeError):
 
 
 async def stream_chat(http: httpx.AsyncClient, body: dict[str, Any]) -> Result:
-    """POST ``body`` to ``/v1/chat/completions`` and read the stream to ``[DONE]``."""
+    """POST ``body`` to ``/v1/chat/completions`` and read the stream to ``[DONE]``.
+
+    The body is encoded before the clock starts (as httpx's ``json=`` would encode it): the client's own JSON
+    encoding is no part of serving, and at ~100k prompt tokens it was ~1.3 ms of every stack's time to first
+    token (the null server's "serving time" at 100k was twice its time at 4k)."""
+    content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    headers = {"Content-Type": "application/json"}
     t0 = time.perf_counter()
     ttft = -1.0
     usage: dict[str, int] = {}
-    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+    async with http.stream("POST", "/v1/chat/completions", content=content, headers=headers) as response:
         if response.status_code != 200:
             raise StreamError(f"HTTP {response.status_code}: {(await response.aread())[:500]!r}")
         async for line in response.aiter_lines():
