@@ -135,10 +135,10 @@ class EngineCore:
         self.steps += steps
 
     def decode_stretch(self, step_ms: Callable[[int], float], start: float, horizon: float,
-                       flush: Callable[[], None], *, first: bool) -> tuple[int, float, StepPlan | None]:
+                       events_ready: Callable[[], None], *, first: bool) -> tuple[int, float, StepPlan | None]:
         """The next quiet and plain steps in one pass (:meth:`Scheduler.decode_stretch`): (steps, the last one's end,
         None), or a plan that admits the waiting request after them, to complete as :meth:`plain_step`'s."""
-        steps, end, admits = self.scheduler.decode_stretch(step_ms, start, horizon, flush, first=first)
+        steps, end, admits = self.scheduler.decode_stretch(step_ms, start, horizon, events_ready, first=first)
         self.steps += steps
         return steps, end, admits
 

@@ -231,7 +231,7 @@ class Scheduler:
             req.deliver_quiet(tokens)
 
     def decode_stretch(self, step_ms: Callable[[int], float], start: float, horizon: float,
-                       flush: Callable[[], None], *, first: bool) -> tuple[int, float, StepPlan | None]:
+                       events_ready: Callable[[], None], *, first: bool) -> tuple[int, float, StepPlan | None]:
         """Take the next steps that :meth:`quiet_steps` / :meth:`plain_step` would take one run or one step at a
         time, in one pass: (steps taken, the last one's end, None), or, when a step admits the waiting request
         after all, ``(steps before it, their end, that step's plan)``, a plan to complete as :meth:`plain_step`'s.
@@ -243,7 +243,8 @@ class Scheduler:
         (none stops or ends it: see :meth:`plain_step`). A step in which no token fills or opens a block is a
         quiet one; in one that does, those requests hold their tokens in running order and the waiting request
         is tried, exactly as :meth:`plain_step` does (blocks taken or evicted, sealed, events emitted), and
-        ``flush`` is called before the next step, as the one-by-one loop delivers events. The other requests'
+        ``events_ready`` is called before the next step begins: the events so far may then reach a router (the
+        one-by-one loop sends them there), the caller may send them in one go. The other requests'
         tokens are held and delivered at their next block boundary or at the end, all at once: in between
         they touch no shared state and nothing reads them.
 
@@ -271,7 +272,7 @@ class Scheduler:
             nearest = min(crossing)
             if nearest > step:  # steps whose tokens all stay in their partial blocks
                 if held:
-                    flush()
+                    events_ready()
                     held = False
                 last = min(nearest - 1, most)
                 end += ms
@@ -288,7 +289,7 @@ class Scheduler:
                     self._hand_over(running[i], step - 1 - applied[i])
                     applied[i] = step - 1
             if held:
-                flush()
+                events_ready()
             for req in crossers:
                 token = req.lookahead()
                 assert token is not None, "checked: known in advance"

@@ -51,6 +51,7 @@ class SimWorker:
         self._vocab = vocab
         self._on_events = on_events
         self._pending: list[KvEvent] = []
+        self._ready = 0  # how many of them a decode stretch said may go out (see _events_ready)
         self.core = EngineCore(config, on_event=self._pending.append)
         self.blocks = self.core.blocks
         self.scheduler = self.core.scheduler
@@ -84,9 +85,10 @@ class SimWorker:
         while not stepped or end < horizon:  # the first step starts now, the others before the next arrival
             if stepped:
                 self._flush()
-            steps, stretch_end, admits = self.core.decode_stretch(self._decode_ms, end, horizon, self._flush,
+            steps, stretch_end, admits = self.core.decode_stretch(self._decode_ms, end, horizon, self._events_ready,
                                                                   first=not stepped)
             if admits is not None:  # its last step admits a waiting request: a real step, completed when it ends
+                self._flush(self._ready)
                 self.plan = admits
                 return stretch_end + 1000.0 * admits.modelled_seconds(self._timing)
             if steps:
@@ -104,6 +106,7 @@ class SimWorker:
                 self.plan = plain
                 return end
         if stepped:
+            self._flush(self._ready)  # all but the last step's: those reach the router when it ends
             self.plan = _DONE
             return end
         plan = self.core.plan_step()
@@ -134,10 +137,19 @@ class SimWorker:
         self.core.advance_quiet(steps)
         return end
 
-    def _flush(self) -> None:
-        if self._pending:
-            events, self._pending[:] = list(self._pending), []
+    def _events_ready(self) -> None:
+        """The events so far may reach the router: a step after theirs has begun (a decode stretch says so)."""
+        self._ready = len(self._pending)
+
+    def _flush(self, upto: int | None = None) -> None:
+        """Hand the router the pending events (only the first ``upto`` of them when given)."""
+        pending = self._pending
+        count = len(pending) if upto is None else upto
+        if count:
+            events = pending[:count]
+            del pending[:count]
             self._on_events(self.worker_id, events)
+        self._ready = 0
 
     def finish_step(self) -> tuple[list[CoreRequest], list[CoreRequest]]:
         """Deliver the running step: (requests that got their first token, requests that finished)."""
