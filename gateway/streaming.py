@@ -37,7 +37,7 @@ from gateway.turn import TurnFold
 from gateway.turn_tracking import annotate_chat_span
 from services.api import chat_pb2
 from services.common import errors
-from services.common.service_settings import INLINE_WORK_BYTES, INLINE_WORK_MESSAGES
+from services.common.service_settings import INLINE_BODY_BYTES, INLINE_BODY_MESSAGES
 
 Frame = dict[str, Any]
 ParseStream = AsyncGenerator[chat_pb2.ChatEventBatch, None]
@@ -60,7 +60,7 @@ Model = TypeVar("Model", bound=BaseModel)
 @dataclass(frozen=True)
 class JsonBody:
     """A request's JSON body (``value``) and the name of its list of messages or input items (``items``);
-    ``large``: over ``INLINE_WORK_BYTES`` or ``INLINE_WORK_MESSAGES`` items, so its work runs off the event
+    ``large``: over ``INLINE_BODY_BYTES`` or ``INLINE_BODY_MESSAGES`` items, so its work runs off the event
     loop (:meth:`run`; the validation and conversion of 10,000 tiny messages take ~0.18 s)."""
 
     value: Any
@@ -114,17 +114,17 @@ async def read_json(request: Request, *, items: str = "", max_items: int = 0) ->
 
     ``items``, ``max_items``: the body's list of messages (or input items) holds at most ``max_items``
     (``--max-messages``; 0: any number), else a 400 before anything validates or converts it. A body over
-    either ``INLINE_WORK_*`` limit is ``large``. It is parsed here all the same: orjson holds the GIL
+    either ``INLINE_BODY_*`` limit is ``large``. It is parsed here all the same: orjson holds the GIL
     throughout (~2 ms a MB), so a thread would free nothing and add a hand-off."""
     body = await request.body()
-    large = len(body) > INLINE_WORK_BYTES
+    large = len(body) > INLINE_BODY_BYTES
     value = _loads(body)
     listed = value.get(items) if items and isinstance(value, dict) else None
     if isinstance(listed, list):
         if max_items and len(listed) > max_items:
             raise errors.InvalidRequestError(
                 f"{items} has {len(listed)} items; at most {max_items} are accepted (--max-messages)", param=items)
-        large = large or len(listed) > INLINE_WORK_MESSAGES
+        large = large or len(listed) > INLINE_BODY_MESSAGES
     return JsonBody(value, large, items)
 
 

@@ -12,13 +12,21 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # The one default of --max-messages, which the gateway and the parse service both check (harnessmesh up
 # gives both the same value).
 DEFAULT_MAX_MESSAGES = 10_000
-# A request at most this big is worked on the event loop (the gateway's validation and conversion, the parse
-# service's conversion and prompt build): a few dozen messages and 32 KB cost well under 10 ms even for
-# pathological text (a 32 KB run of one digit renders and tokenizes in ~2.5 ms), while a thread hand-off costs
-# ~0.3-1 ms of a short request's time to first token. A larger one goes to a worker thread, so no request
-# holds a loop for long (issue 14).
+# Work at most this big runs on the event loop, larger work in a worker thread, so no request holds a loop for
+# long (issue 14), while a thread hand-off costs ~0.2-0.5 ms of a request's time to first token (four of them, the
+# gateway's two and the parse service's two, were ~0.8 ms of a cached 100k-token turn's, bench/vs_dynamo.py).
+# The parse service's conversion of a request's own messages and the text it tokenizes: a few dozen messages and
+# 32 KB cost well under 10 ms even for pathological text (a 32 KB run of one digit renders and tokenizes in ~2.5 ms).
 INLINE_WORK_BYTES = 32 * 1024
 INLINE_WORK_MESSAGES = 64
+# The parse service's render of a whole conversation (a continued one: the messages it holds and the new ones),
+# ~7 us a message (a 100k-token agent session of 54 messages: 0.37 ms), whatever their text.
+INLINE_RENDER_MESSAGES = 256
+# The gateway's validation and conversion of a request body, ~3 us a message and ~1.5 ms a MB when nothing of it
+# was converted before (1 MB, 204 messages: 1.4 ms; 256 small messages: 0.7 ms); parsing the body, always on the
+# loop (orjson holds the GIL throughout), costs ~0.8 ms a MB already.
+INLINE_BODY_BYTES = 1 << 20
+INLINE_BODY_MESSAGES = 256
 
 
 @dataclass(frozen=True)

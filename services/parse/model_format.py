@@ -119,11 +119,19 @@ class ModelFormat:
         A long anonymous prompt is keyed by its opening text (:func:`content_key`), so a client that sends
         no session id still has its conversation's turns find each other.
         """
-        text = self.render(conversation)
+        return self.tokenize_prompt(conversation, self.render(conversation), session=session)
+
+    def tokenize_prompt(self, conversation: Conversation, text: str, *, session: str = "") -> Prompt:
+        """:meth:`build_prompt` of ``conversation`` rendered to ``text`` (:meth:`render`) already."""
         encoded = self.prompt_cache.encode(session or content_key(text), text)
         return Prompt(text=text, token_ids=encoded.token_ids, match_text=match_text(conversation),
                       schemas=self.tool_dicts.schemas(conversation.tools), build=encoded.build,
                       build_reason=encoded.reason, reused_tokens=encoded.reused_tokens)
+
+    def untokenized(self, text: str, *, session: str = "") -> int:
+        """How many characters of the rendered ``text`` :meth:`tokenize_prompt` would tokenize now: all of them,
+        or what follows the part the session's previous prompt tokenized already."""
+        return self.prompt_cache.new_chars(session or content_key(text), text)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         if add_special_tokens:

@@ -150,26 +150,38 @@ class PromptCache:
         """``text``'s ids, equal to a full encode; reuses the key's previous render where it can."""
         if not key or self._pattern is None:
             return Encoded(self._encode(text), "full", "anonymous" if not key else "disabled", 0)
+        prev, at = self._reusable(key, text)
+        if prev is None:
+            render = self._full(text)
+            self._store(key, None, render)
+            return Encoded(render.ids, "full", "rewritten" if at else "new_key", 0)
+        render = self._extend(prev, at, text)
+        self._store(key, prev, render)
+        reason: Reason = "extends" if at == len(prev.ends) - 1 else "rewritten"
+        return Encoded(render.ids, "incremental", reason, prev.index[at])
+
+    def new_chars(self, key: str, text: str) -> int:
+        """How many characters of ``text`` :meth:`encode` would tokenize now (the rest reuses the key's ids)."""
+        if not key or self._pattern is None:
+            return len(text)
+        prev, at = self._reusable(key, text)
+        return len(text) - prev.starts[at] if prev is not None else len(text)
+
+    def _reusable(self, key: str, text: str) -> tuple[_Render | None, int]:
+        """The key's render that ``text`` reuses and the index of the boundary it reuses it up to; ``(None, 0)``
+        when the key holds none, ``(None, 1)`` when none shares anything before a boundary with ``text``."""
         with self._lock:
             lines = list(self._keys.get(key, ()))
         if not lines:
-            render = self._full(text)
-            self._store(key, None, render)
-            return Encoded(render.ids, "full", "new_key", 0)
+            return None, 0
         best, best_at = -1, -1
         for i, line in enumerate(lines):
             at = _last_boundary(line, common_prefix(line.text, text))
             if at > best_at:
                 best, best_at = i, at
         if best_at < 0 or lines[best].index[best_at] == 0:  # nothing before the divergence to reuse
-            render = self._full(text)
-            self._store(key, None, render)
-            return Encoded(render.ids, "full", "rewritten", 0)
-        prev = lines[best]
-        render = self._extend(prev, best_at, text)
-        self._store(key, prev, render)
-        reason: Reason = "extends" if best_at == len(prev.ends) - 1 else "rewritten"
-        return Encoded(render.ids, "incremental", reason, prev.index[best_at])
+            return None, 1
+        return lines[best], best_at
 
     def _full(self, text: str) -> _Render:
         ids = array("I", self._encode(text))

@@ -18,7 +18,7 @@ from services.common.errors import InternalError, InvalidRequestError, MeshError
 from services.common.message_reuse import HeldLine, MessageStore
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
-from services.common.service_settings import INLINE_WORK_BYTES, INLINE_WORK_MESSAGES
+from services.common.service_settings import INLINE_RENDER_MESSAGES, INLINE_WORK_BYTES, INLINE_WORK_MESSAGES
 from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
 from services.parse import convert
 from services.parse.continuation import Continued, FinishedStream
@@ -39,11 +39,12 @@ log = structlog.get_logger()
 READY_TIMEOUT = 1.0  # seconds the router gets to list its workers for a readiness check
 
 
-def _small(request: chat_pb2.ChatRequest) -> bool:
-    """Whether ``request`` is worked on the event loop (see ``INLINE_WORK_BYTES``). A request with a messages base
-    continues a conversation of at least ``MIN_REUSE_BYTES``: never small."""
-    return (not request.HasField("messages_base") and len(request.messages) <= INLINE_WORK_MESSAGES
-            and request.ByteSize() <= INLINE_WORK_BYTES)
+def _small(request: chat_pb2.ChatRequest, held: int) -> bool:
+    """Whether ``request`` is converted and rendered on the event loop (see ``INLINE_WORK_BYTES``): its own messages
+    are few and small, and with the ``held`` ones before them (a continued conversation) few enough to render in a
+    couple of milliseconds. Its tokenization may still go to a thread (see ``ParseService._prompt``)."""
+    return (len(request.messages) <= INLINE_WORK_MESSAGES and held + len(request.messages) <= INLINE_RENDER_MESSAGES
+            and sum(message.ByteSize() for message in request.messages) <= INLINE_WORK_BYTES)
 
 
 class ParseService(parse_pb2_grpc.ParseServicer):
@@ -225,7 +226,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         with self._tracer.start_as_current_span("parse.render", attributes=attrs) as span:
             started = time.monotonic()
             held = self.messages.held(request)  # the messages before request.messages, when it has a base
-            small = _small(request)
+            small = _small(request, len(held))
             base = self.messages.base_digests(request)
             if small:
                 conversation, kept = self._conversation(request, held, base)
@@ -233,8 +234,12 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                 conversation, kept = await asyncio.to_thread(self._conversation, request, held, base)
             self.messages.put(request, kept)
             session = session_key(request.identity)
-            if small:  # bounded work (see _small): a thread handoff would cost more than the build
-                prompt = self._format.build_prompt(conversation, session=session)
+            if small:  # bounded work (see _small): a thread handoff would cost more than the render
+                text = self._format.render(conversation)
+                if self._format.untokenized(text, session=session) <= INLINE_WORK_BYTES:  # an agent's next turn
+                    prompt = self._format.tokenize_prompt(conversation, text, session=session)
+                else:
+                    prompt = await asyncio.to_thread(self._format.tokenize_prompt, conversation, text, session=session)
             else:
                 prompt = await asyncio.to_thread(self._format.build_prompt, conversation, session=session)
             span.set_attributes({"prompt.tokens": len(prompt.token_ids), "prompt.messages": len(conversation.messages),

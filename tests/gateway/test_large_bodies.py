@@ -21,7 +21,7 @@ from gateway.apis.anthropic.models import MessagesRequest
 from gateway.apis.openai_chat.models import ChatCompletionRequest
 from gateway.server import Gateway
 from gateway.streaming import VALIDATE_CHUNK, JsonBody, validate_body
-from services.common.service_settings import INLINE_WORK_MESSAGES
+from services.common.service_settings import INLINE_BODY_BYTES, INLINE_BODY_MESSAGES
 from tests.gateway.fake_parse import FakeParse
 from tests.gateway.test_message_limit import bodies, messages
 
@@ -63,7 +63,7 @@ async def test_a_large_body_converts_while_the_loop_serves_others(
     tick = asyncio.create_task(ticker())
     try:
         async with httpx.AsyncClient(base_url=gateway.http_url, timeout=20) as http:
-            for n in (2, INLINE_WORK_MESSAGES + 1):
+            for n in (2, INLINE_BODY_MESSAGES + 1):
                 body, headers = bodies(n)[path]
                 response = await http.post(path, json=body, headers=headers)
                 assert response.status_code == 200, (path, n, response.text)
@@ -77,7 +77,7 @@ async def test_a_large_malformed_body_is_still_a_400_in_the_apis_shape(
     fake_parse: tuple[FakeParse, str], gateway_factory: Callable[..., Awaitable[Gateway]],
 ) -> None:
     gateway = await gateway_factory(fake_parse[1])
-    padding = "x" * 40_000  # over INLINE_WORK_BYTES: validated in a thread
+    padding = "x" * (INLINE_BODY_BYTES + 1)  # validated in a thread
     async with httpx.AsyncClient(base_url=gateway.http_url, timeout=20) as http:
         bad_json = await http.post("/v1/chat/completions", content=b'{"model": "demo", "pad": "' + padding.encode())
         assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
@@ -85,7 +85,7 @@ async def test_a_large_malformed_body_is_still_a_400_in_the_apis_shape(
                                   json={"model": "demo", "max_tokens": "many", "messages": [
                                       {"role": "user", "content": padding}]})
         assert invalid.status_code == 400 and invalid.json()["type"] == "error", invalid.text
-        body, _ = bodies(INLINE_WORK_MESSAGES + 1)["/v1/chat/completions"]
+        body, _ = bodies(INLINE_BODY_MESSAGES + 1)["/v1/chat/completions"]
         ok = await http.post("/v1/chat/completions", json=body)
         assert ok.status_code == 200, ok.text  # the same connection pool: still served
 

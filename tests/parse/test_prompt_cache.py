@@ -202,6 +202,31 @@ def test_random_edit_points(family: str, data: st.DataObject) -> None:
         assert list(cache.encode("k", text).token_ids) == fam.full(text)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_new_chars_is_what_encode_tokenizes(family: str, data: st.DataObject) -> None:
+    """``new_chars`` (the parse service decides by it where a prompt is tokenized) counts exactly the text the
+    next ``encode`` gives the tokenizer: a new key's whole text, an edited prompt's text from the boundary on."""
+    fam = kit(family)
+    tokenized: list[int] = []
+
+    def encode(text: str) -> Any:
+        tokenized.append(len(text))
+        return fam.encode(text)
+
+    cache = PromptCache(encode, boundary_tokens(fam.reference, fam.encode))
+    text = _agent_render(fam)
+    for _ in range(data.draw(st.integers(1, 4))):
+        expected = cache.new_chars("k", text)
+        tokenized.clear()
+        assert list(cache.encode("k", text).token_ids) == fam.full(text)
+        assert sum(tokenized) == expected
+        at = data.draw(st.integers(0, len(text)))
+        text = data.draw(st.sampled_from((text + data.draw(texts), text[:at] + data.draw(texts) + text[at:])))
+    assert cache.new_chars("", text) == len(text) == cache.new_chars("never seen", text)
+
+
 def _agent_render(fam: FamilyKit) -> str:
     conversations = json.loads((TEMPLATE_FIXTURES / "conversations.json").read_text(encoding="utf-8")) \
         if TEMPLATE_FIXTURES.is_dir() else None

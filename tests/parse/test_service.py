@@ -392,6 +392,57 @@ async def test_a_next_turn_reaches_parse_as_its_new_messages_and_renders_as_whol
     assert token_bytes.unpack(router.requests[-1].token_ids_u32) == list(expected.token_ids)
 
 
+async def test_an_agents_next_turn_is_built_on_the_loop_and_a_reworded_one_tokenized_in_a_thread(
+    mesh: tuple[FakeRouter, Any, RunningParse], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A continued conversation's next turn (a few new messages after those parse holds) is converted, rendered
+    and tokenized on the event loop: four thread hand-offs were ~0.8 ms of a cached 100k-token turn. Its
+    tokenization goes to a thread when most of the prompt's text is new (here: the tools changed, and they
+    render at its start)."""
+    import threading
+
+    from services.parse import service as parse_service
+
+    router, _, parse = mesh
+    monkeypatch.setattr(message_reuse, "MIN_REUSE_BYTES", 16)
+    monkeypatch.setattr(parse_service, "INLINE_WORK_BYTES", 2000)  # the fixture's model has a 4k context
+    fmt = parse.model_format
+    on_loop: dict[str, list[bool]] = {"render": [], "tokenize": []}
+    render, tokenize = fmt.render, fmt.tokenize_prompt
+
+    def rendering(*args: Any, **kwargs: Any) -> Any:
+        on_loop["render"].append(threading.current_thread() is threading.main_thread())
+        return render(*args, **kwargs)
+
+    def tokenizing(*args: Any, **kwargs: Any) -> Any:
+        on_loop["tokenize"].append(threading.current_thread() is threading.main_thread())
+        return tokenize(*args, **kwargs)
+
+    monkeypatch.setattr(fmt, "render", rendering)
+    monkeypatch.setattr(fmt, "tokenize_prompt", tokenizing)
+    first = chat_request()
+    first.messages.append(chat_pb2.Message(role="user", parts=[chat_pb2.Part(text="history " * 300)]))  # 2.4 KB
+    second = _next_turn(first)
+    retooled = _next_turn(second)
+    retooled.tools.append(chat_pb2.Tool(name="search", description="Search the code. " * 150,
+                                        parameters_json='{"type": "object", "properties": {}}'))
+    channel = open_channel(parse.address, None)
+    client = ParseClient(channel)
+    try:
+        await client.get_model()
+        for request in (first, second, retooled):
+            assert (await _events(client, request))[-1] == "finish"
+    finally:
+        await channel.close()
+    assert parse.servicer is not None and parse.servicer.messages.rebuilt == 2
+    # the first turn (over the limit, no base) is built in a thread; its next turn wholly on the loop; the
+    # retooled one is rendered on the loop (its own messages are few and small) and tokenized in a thread
+    assert on_loop == {"render": [False, True, True], "tokenize": [False, True, False]}
+    for request, sent in zip((second, retooled), router.requests[1:], strict=True):
+        whole = fmt.build_prompt(convert.conversation_from_proto(request))
+        assert token_bytes.unpack(sent.token_ids_u32) == list(whole.token_ids)
+
+
 async def test_parse_without_the_base_refuses_and_the_gateway_sends_the_turn_whole(
     mesh: tuple[FakeRouter, Any, RunningParse], monkeypatch: pytest.MonkeyPatch
 ) -> None:
