@@ -28,8 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, islice, repeat, takewhile
-from operator import eq
+from itertools import islice, repeat, takewhile
 
 from services.router.index import ClearedEvent, KvEvent
 
@@ -170,12 +169,10 @@ def _count(counts: dict[int, int], blocks: Sequence[int]) -> None:
 
 
 def _uncount(counts: dict[int, int], blocks: Sequence[int]) -> None:
-    held = list(map(counts.get, blocks))
-    ones = held.count(1)
-    if ones + held.count(None) == len(held):  # the usual case, in C: each counted once (by this entry) or gone
-        if ones:
-            deque(map(counts.__delitem__, compress(blocks, map(eq, held, repeat(1)))), maxlen=0)
+    held = list(map(counts.pop, blocks, repeat(None)))
+    if held.count(1) + held.count(None) == len(held):  # the usual case, in C: each counted once (by this entry) or gone
         return
+    counts.update((block, n) for block, n in zip(blocks, held, strict=True) if n is not None)  # as they were
     for block in blocks:
         n = counts.get(block)
         if n is None:

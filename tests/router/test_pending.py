@@ -4,10 +4,12 @@ and what they do to placement (siblings sent together land together; nothing cha
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.common.block_hash import sequence_hashes
 from services.router.index import ClearedEvent, KvIndex, RemovedEvent, StoredEvent
-from services.router.pending import PendingPrefixes
+from services.router.pending import PendingPrefixes, _count, _uncount
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerLoad, WorkerRegistry
 from services.router.router import InFlight, Router
@@ -226,3 +228,28 @@ def test_shared_blocks_leave_only_the_workers_prefill_in_flight_never_more() -> 
     assert cost == {"a": 8 * (30 + 10) + 200, "b": 8 * 100 + 100}
     assert {c.worker_id: c.cost for c in discounted} == {"a": 8 * (0 + 10) + 200, "b": 8 * 100 + 100}
     assert discounted[0].predicted_blocks == 90
+
+
+@given(st.lists(st.integers(0, 6), max_size=7, unique=True), st.lists(st.integers(0, 6), max_size=7, unique=True),
+       st.lists(st.integers(0, 6), max_size=7))
+def test_counting_a_prediction_and_uncounting_it_is_what_counting_block_by_block_gives(
+    first: list[int], second: list[int], gone: list[int]
+) -> None:
+    """The C-speed count and uncount (blocks counted by two predictions, popped by an event in between) leave the
+    counts that one-by-one arithmetic leaves. A prediction's blocks are distinct (chained hashes)."""
+    counts: dict[int, int] = {}
+    reference: dict[int, int] = {}
+    for blocks in (first, second):
+        _count(counts, blocks)
+        for block in blocks:
+            reference[block] = reference.get(block, 0) + 1
+    for block in gone:  # an event names them: their predictions go
+        counts.pop(block, None)
+        reference.pop(block, None)
+    _uncount(counts, first)
+    for block in first:
+        if block in reference:
+            reference[block] -= 1
+            if not reference[block]:
+                del reference[block]
+    assert counts == reference
