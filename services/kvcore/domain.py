@@ -90,6 +90,7 @@ def stored_blocks(block_hashes: Iterable[int], block_ids: Iterable[int], token_c
 
 _new_tuple = tuple.__new__
 
+
 @dataclass(frozen=True)
 class KvStored:
     """Consecutive full blocks now cached; ``blocks[0]`` is the child of ``parent_hash``."""

@@ -238,8 +238,9 @@ class Scheduler:
         A simulated clock only (no compute runs between the steps).
 
         Steps start at ``start`` (ms) and follow each other; each lasts ``step_ms(active blocks once its blocks
-        are taken)``, summed step by step. The first is taken even at or past ``horizon`` when ``first``; every
-        other only while the clock is before ``horizon``. Each step decodes one known token per running request
+        are taken)`` (asked again after each step that takes blocks: the caller memoises it), summed step by
+        step. The first is taken even at or past ``horizon`` when ``first``; every other only while the clock is
+        before ``horizon``. Each step decodes one known token per running request
         (none stops or ends it: see :meth:`plain_step`). A step in which no token fills or opens a block is a
         quiet one; in one that does, those requests hold their tokens in running order and the waiting request
         is tried, exactly as :meth:`plain_step` does (blocks taken or evicted, sealed, events emitted), and
@@ -263,8 +264,7 @@ class Scheduler:
             return 0, start, None  # (a step that holds blocks tries it after taking them, below)
         most = min(req.max_tokens - 1 - req.generated for req in running)  # steps before one would end a request
         applied = [0] * len(running)  # tokens of the stretch each request holds (and was given) so far
-        ms_of: dict[int, float] = {}
-        ms = ms_of[blocks.active_blocks] = step_ms(blocks.active_blocks)
+        ms = step_ms(blocks.active_blocks)
         end, steps = start, 0
         held = False  # the last step held blocks: its events go out before the next step
         while steps < most and (end < horizon or (steps == 0 and first)):
@@ -303,8 +303,7 @@ class Scheduler:
                     applied[i] = step
                     crossing[i] = _next_crossing(req, step, bs)
             held = True
-            active = blocks.active_blocks
-            ms = ms_of[active] if active in ms_of else ms_of.setdefault(active, step_ms(active))
+            ms = step_ms(blocks.active_blocks)
             end += ms
             steps = step
         for req, done in zip(running, applied, strict=True):

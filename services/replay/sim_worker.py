@@ -76,10 +76,11 @@ class SimWorker:
 
         Decode steps planned before ``horizon`` (the next arrival, which might change the batch) run as one
         event when nobody gets a first token or finishes in them: in one pass over the batch
-        (``EngineCore.decode_stretch``: each request's tokens handled at its block boundaries), else quiet ones
-        (``EngineCore.quiet_steps``: no block taken, no event) together and plain ones (``EngineCore.plain_step``:
-        blocks taken and events emitted) one by one. The returned end is the last one's, summed step by step as
-        the step-by-step loop would; their events reach the router before the next arrival, as theirs would.
+        (``EngineCore.decode_stretch``: each request's tokens handled at its block boundaries), and a step that
+        admits the waiting request before any such pass could run, as ``EngineCore.plain_step``. (Quiet steps
+        need no path of their own: a stretch takes them, every request here ignores EOS.) The returned end is the
+        last one's, summed step by step as the step-by-step loop would; their events reach the router before the
+        next arrival, as theirs would.
         """
         end, stepped = now, False
         while not stepped or end < horizon:  # the first step starts now, the others before the next arrival
@@ -93,10 +94,6 @@ class SimWorker:
                 return stretch_end + 1000.0 * admits.modelled_seconds(self._timing)
             if steps:
                 end, stepped = stretch_end, True
-                continue
-            quiet = self.core.quiet_steps()
-            if quiet:
-                end, stepped = self._advance_quiet(end, horizon, quiet), True
                 continue
             plain = self.core.plain_step()
             if plain is None:
@@ -124,18 +121,6 @@ class SimWorker:
             ms = self._decode_ms_memo[key] = 1000.0 * StepPlan(
                 decode_batch=key[0], active_blocks=active_blocks).modelled_seconds(self._timing)
         return ms
-
-    def _advance_quiet(self, start: float, horizon: float, most: int) -> float:
-        """Advance up to ``most`` quiet steps from ``start``, the first planned then, the others before
-        ``horizon``; the last one's end. Each lasts what a decode-only plan of this batch at this KV use
-        lasts: nothing they do changes either."""
-        ms = 1000.0 * self.core.quiet_step_plan().modelled_seconds(self._timing)
-        end, steps = start + ms, 1
-        while steps < most and end < horizon:
-            end += ms
-            steps += 1
-        self.core.advance_quiet(steps)
-        return end
 
     def _events_ready(self) -> None:
         """The events so far may reach the router: a step after theirs has begun (a decode stretch says so)."""
