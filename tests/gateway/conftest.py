@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 
 import openai
@@ -8,6 +7,7 @@ import pytest
 
 from gateway.server import Gateway
 from gateway.settings import GatewaySettings
+from services.launcher.supervisor import free_port
 from tests.gateway.fake_parse import FakeParse, start_fake_parse
 
 
@@ -60,7 +60,4 @@ def client(gateway: Gateway) -> openai.AsyncOpenAI:
 @pytest.fixture
 def dead_address() -> str:
     """An address nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"127.0.0.1:{port}"
+    return f"127.0.0.1:{free_port()}"  # handed out once: no later free_port gives it to a server

@@ -10,12 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from services.launcher.nats_server import find_nats_server
+from services.launcher.supervisor import free_port  # never the same port twice in one test process
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["free_port", "nats_server_binary", "running_nats"]
 
 
 def nats_server_binary() -> str:
