@@ -332,10 +332,17 @@ class BlockManager:
         if not token_ids:
             return True
         bs = self.block_size
-        if seq.partial is not None and seq.length - len(seq.hashes) * bs + len(token_ids) < bs:
-            seq.tail.extend(token_ids)  # room in the partial block (a decode step): nothing taken, sealed or sent
-            seq.length += len(token_ids)
-            return True
+        if seq.partial is not None:
+            used = seq.length - len(seq.hashes) * bs + len(token_ids)
+            if used < bs:
+                seq.tail.extend(token_ids)  # room in the partial block (a decode step): nothing taken, sealed or sent
+                seq.length += len(token_ids)
+                return True
+            if used == bs and len(token_ids) == 1:  # a decode token fills the partial block
+                self._seal_partial(seq, token_ids[0])
+                return True
+        elif len(token_ids) == 1 and bs > 1:  # a decode token opens a block
+            return self._open_block(seq, token_ids[0])
         if not self.can_append(seq, len(token_ids)):
             return False
         removed: list[int] = []
@@ -345,6 +352,46 @@ class BlockManager:
             self._emit(KvRemoved(self._event_id(), tuple(removed)))
         for parent, blocks in runs:
             self._emit(KvStored(self._event_id(), parent, tuple(blocks)))
+        return True
+
+    def _seal_partial(self, seq: KvSequence, token: int) -> None:
+        """:meth:`_fill` of the one token that fills ``seq``'s partial block (a decode's block boundary, the
+        replay's commonest append): the block is sealed, or its cached twin adopted."""
+        hashes, known, block = seq.hashes, seq.known, seq.partial
+        assert block is not None
+        index = len(hashes)
+        parent = hashes[-1] if hashes else None
+        if index < len(known):
+            h = known[index]
+        else:
+            (local,) = local_block_hashes([*seq.tail, token], self.block_size, seq.seed)
+            h = chain(parent, local)
+            known.append(h)
+        hashes.append(h)
+        seq.length += 1
+        seq.tail = []
+        seq.partial = None
+        if h in self._full:  # a cached twin: adopted, the private block goes back
+            self._free_ids.append(block.block_id)
+            self._ref(h)
+        else:
+            self._full[h] = block.block_id
+            self._emit(KvStored(self._event_id(), parent, (StoredBlock(h, block.block_id, self.block_size),)))
+
+    def _open_block(self, seq: KvSequence, token: int) -> bool:
+        """:meth:`append` of one token after ``seq``'s last full block (a decode's block boundary): one block
+        taken, from the free list or by evicting the least recently used; False (no change) if none is left."""
+        if self._free_ids:
+            block_id = self._free_ids.pop()
+        elif self.cached_blocks:
+            removed: list[int] = []
+            block_id = self._take_block_id(removed)
+            self._emit(KvRemoved(self._event_id(), tuple(removed)))
+        else:
+            return False
+        seq.partial = _Partial(block_id)
+        seq.tail = [token]
+        seq.length += 1
         return True
 
     def extend_partial(self, seq: KvSequence, token_ids: Sequence[int]) -> None:
