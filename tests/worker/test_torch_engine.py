@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,13 @@ async def test_block_kv_round_trip_is_exact(runner: ModelRunner) -> None:
     rebuilt = runner.assemble(blocks)
     suffix = runner.forward(ids[32:], rebuilt, 32)
     torch.testing.assert_close(suffix, full, rtol=0, atol=1e-5)
+
+
+def test_forward_uses_the_installed_transformers_cache_argument(runner: ModelRunner) -> None:
+    """No deprecation on the hot path: transformers 5.x warns on ``past_key_values`` (gone in a later release)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner.forward(prompt(8), runner.new_cache(), 0)
 
 
 async def test_requests_are_interleaved_per_step(make: Make) -> None:

@@ -11,6 +11,7 @@ last logits come back to the CPU, where the sampler (and its per-request seeded 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,10 @@ class ModelRunner:
         self.model.train(False)
         self.config: Any = self.model.config
         self.vocab_size = int(self.config.vocab_size)
+        # transformers 5.x names the cache argument ``cache`` and warns that ``past_key_values`` goes away;
+        # the 4.x releases we support know only ``past_key_values``
+        parameters = inspect.signature(type(self.model).forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
 
     def new_cache(self) -> Any:
         return DynamicCache(config=self.config)
@@ -57,8 +62,8 @@ class ModelRunner:
         """Feed ``token_ids`` at positions ``start...`` after ``cache`` (extended in place); last logits."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(token_ids), dtype=torch.long, device=self.device).unsqueeze(0)
-        out = self.model(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                         **{self._cache_argument: cache})
         logits: torch.Tensor = out.logits[0, -1].float().cpu()
         return logits
 
