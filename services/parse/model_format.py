@@ -20,7 +20,7 @@ from services.parse.parsers.registry import (
     tool_parser_factory,
 )
 from services.parse.parsers.tool_core import ParserContext, new_tool_call_id
-from services.parse.prompt_cache import Build, PromptCache, Reason, boundary_tokens
+from services.parse.prompt_cache import Build, PromptCache, Reason, Reuse, boundary_tokens
 from services.parse.renderer import ChatTemplateRenderer, Clock
 from services.parse.replay import ReplayPolicy
 
@@ -119,19 +119,19 @@ class ModelFormat:
         A long anonymous prompt is keyed by its opening text (:func:`content_key`), so a client that sends
         no session id still has its conversation's turns find each other.
         """
-        return self.tokenize_prompt(conversation, self.render(conversation), session=session)
+        return self.tokenize_prompt(conversation, self.token_reuse(self.render(conversation), session=session))
 
-    def tokenize_prompt(self, conversation: Conversation, text: str, *, session: str = "") -> Prompt:
-        """:meth:`build_prompt` of ``conversation`` rendered to ``text`` (:meth:`render`) already."""
-        encoded = self.prompt_cache.encode(session or content_key(text), text)
-        return Prompt(text=text, token_ids=encoded.token_ids, match_text=match_text(conversation),
+    def tokenize_prompt(self, conversation: Conversation, reuse: Reuse) -> Prompt:
+        """:meth:`build_prompt` of ``conversation`` rendered already, as :meth:`token_reuse` of its text decided."""
+        encoded = self.prompt_cache.encode_reusing(reuse)
+        return Prompt(text=reuse.text, token_ids=encoded.token_ids, match_text=match_text(conversation),
                       schemas=self.tool_dicts.schemas(conversation.tools), build=encoded.build,
                       build_reason=encoded.reason, reused_tokens=encoded.reused_tokens)
 
-    def untokenized(self, text: str, *, session: str = "") -> int:
-        """How many characters of the rendered ``text`` :meth:`tokenize_prompt` would tokenize now: all of them,
-        or what follows the part the session's previous prompt tokenized already."""
-        return self.prompt_cache.new_chars(session or content_key(text), text)
+    def token_reuse(self, text: str, *, session: str = "") -> Reuse:
+        """What :meth:`tokenize_prompt` of the rendered ``text`` will reuse of the session's previous prompt's ids;
+        its ``new_chars`` are the characters left to tokenize."""
+        return self.prompt_cache.reuse(session or content_key(text), text)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         if add_special_tokens:

@@ -75,6 +75,23 @@ class _Render:
     index: list[int]  # token index of it
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """What :meth:`PromptCache.encode_reusing` does with ``text``: reuse ``prev``'s ids up to its boundary ``at`` and
+    tokenize the rest, or (``prev`` None) tokenize it all: ``at`` is then 1 when the key's renders share nothing
+    before a boundary with ``text``, else 0."""
+
+    key: str
+    text: str
+    prev: _Render | None
+    at: int
+
+    @property
+    def new_chars(self) -> int:
+        """How many characters of ``text`` are tokenized."""
+        return len(self.text) - self.prev.starts[self.at] if self.prev is not None else len(self.text)
+
+
 def boundary_tokens(tokenizer: Tokenizer, encode: Callable[[str], list[int]] | None = None) -> dict[int, str]:
     """Added tokens at whose start a text can be cut and tokenized in two (see module docstring), by id.
 
@@ -148,9 +165,26 @@ class PromptCache:
 
     def encode(self, key: str, text: str) -> Encoded:
         """``text``'s ids, equal to a full encode; reuses the key's previous render where it can."""
+        return self.encode_reusing(self.reuse(key, text))
+
+    def new_chars(self, key: str, text: str) -> int:
+        """How many characters of ``text`` :meth:`encode` would tokenize now (the rest reuses the key's ids)."""
+        return self.reuse(key, text).new_chars
+
+    def reuse(self, key: str, text: str) -> Reuse:
+        """What :meth:`encode` of ``text`` would reuse of the key's renders now (decided once: a caller may look at
+        it, then encode with it, in another thread too)."""
+        if not key or self._pattern is None:
+            return Reuse(key, text, None, 0)
+        prev, at = self._reusable(key, text)
+        return Reuse(key, text, prev, at)
+
+    def encode_reusing(self, reuse: Reuse) -> Encoded:
+        """:meth:`encode` as ``reuse`` (from :meth:`reuse`) decided. The render it reuses may have left the cache
+        since: its ids still hold, and the new render is stored all the same."""
+        key, text, prev, at = reuse.key, reuse.text, reuse.prev, reuse.at
         if not key or self._pattern is None:
             return Encoded(self._encode(text), "full", "anonymous" if not key else "disabled", 0)
-        prev, at = self._reusable(key, text)
         if prev is None:
             render = self._full(text)
             self._store(key, None, render)
@@ -159,13 +193,6 @@ class PromptCache:
         self._store(key, prev, render)
         reason: Reason = "extends" if at == len(prev.ends) - 1 else "rewritten"
         return Encoded(render.ids, "incremental", reason, prev.index[at])
-
-    def new_chars(self, key: str, text: str) -> int:
-        """How many characters of ``text`` :meth:`encode` would tokenize now (the rest reuses the key's ids)."""
-        if not key or self._pattern is None:
-            return len(text)
-        prev, at = self._reusable(key, text)
-        return len(text) - prev.starts[at] if prev is not None else len(text)
 
     def _reusable(self, key: str, text: str) -> tuple[_Render | None, int]:
         """The key's render that ``text`` reuses and the index of the boundary it reuses it up to; ``(None, 0)``

@@ -235,11 +235,11 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             self.messages.put(request, kept)
             session = session_key(request.identity)
             if small:  # bounded work (see _small): a thread handoff would cost more than the render
-                text = self._format.render(conversation)
-                if self._format.untokenized(text, session=session) <= INLINE_WORK_BYTES:  # an agent's next turn
-                    prompt = self._format.tokenize_prompt(conversation, text, session=session)
+                reuse = self._format.token_reuse(self._format.render(conversation), session=session)
+                if reuse.new_chars <= INLINE_WORK_BYTES:  # an agent's next turn
+                    prompt = self._format.tokenize_prompt(conversation, reuse)
                 else:
-                    prompt = await asyncio.to_thread(self._format.tokenize_prompt, conversation, text, session=session)
+                    prompt = await asyncio.to_thread(self._format.tokenize_prompt, conversation, reuse)
             else:
                 prompt = await asyncio.to_thread(self._format.build_prompt, conversation, session=session)
             span.set_attributes({"prompt.tokens": len(prompt.token_ids), "prompt.messages": len(conversation.messages),
