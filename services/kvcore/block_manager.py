@@ -357,16 +357,11 @@ class BlockManager:
     def _seal_partial(self, seq: KvSequence, token: int) -> None:
         """:meth:`_fill` of the one token that fills ``seq``'s partial block (a decode's block boundary, the
         replay's commonest append): the block is sealed, or its cached twin adopted."""
-        hashes, known, block = seq.hashes, seq.known, seq.partial
+        hashes, block = seq.hashes, seq.partial
         assert block is not None
         index = len(hashes)
         parent = hashes[-1] if hashes else None
-        if index < len(known):
-            h = known[index]
-        else:
-            (local,) = local_block_hashes([*seq.tail, token], self.block_size, seq.seed)
-            h = chain(parent, local)
-            known.append(h)
+        h = seq.known[index] if index < len(seq.known) else self._hash_block(seq, (token,), seq.length, parent)
         hashes.append(h)
         seq.length += 1
         seq.tail = []
@@ -380,16 +375,13 @@ class BlockManager:
 
     def _open_block(self, seq: KvSequence, token: int) -> bool:
         """:meth:`append` of one token after ``seq``'s last full block (a decode's block boundary): one block
-        taken, from the free list or by evicting the least recently used; False (no change) if none is left."""
-        if self._free_ids:
-            block_id = self._free_ids.pop()
-        elif self.cached_blocks:
-            removed: list[int] = []
-            block_id = self._take_block_id(removed)
-            self._emit(KvRemoved(self._event_id(), tuple(removed)))
-        else:
+        taken (:meth:`_take_block_id`); False (no change) if none is left."""
+        if not self.available_blocks:
             return False
-        seq.partial = _Partial(block_id)
+        removed: list[int] = []
+        seq.partial = _Partial(self._take_block_id(removed))
+        if removed:
+            self._emit(KvRemoved(self._event_id(), tuple(removed)))
         seq.tail = [token]
         seq.length += 1
         return True
