@@ -2,7 +2,9 @@
 
 Fields: ``method``, ``path`` (no query string), ``status`` (0: no response was started), ``duration_ms``
 (until the last byte of the response, a stream's included), ``request_id`` (the id the client was given:
-``chatcmpl-…``, ``msg_…``, ``resp_…``, else a ``req_…`` one), and for a chat turn ``session_id``,
+``chatcmpl-…``, ``msg_…``, ``resp_…``, else a ``req_…`` one), for a request that names a model ``model``
+(the served model it resolved to), ``requested_model`` (the name asked for) and ``model_alias`` (the
+``--model-alias`` entry, exact name or pattern, that matched), and for a chat turn ``session_id``,
 ``trajectory_id``, ``harness``, ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` when the turn got
 that far. Never a prompt, a header value or a body. Probes and ``/metrics`` log at debug level.
 
@@ -27,6 +29,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.boundary import request_id_of
+from gateway.model_aliases import MODEL_ALIAS, REQUESTED_MODEL, RESOLVED_MODEL
 from services.common.tracing import HARNESS, SESSION, TRAJECTORY
 
 log = structlog.get_logger()
@@ -35,6 +38,9 @@ _SEEN_KEY = "harnessmesh_span_attributes"  # scope["state"] entry: the attribute
 _QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})
 # access-line field -> span attributes that may carry it (the first present wins)
 _FIELDS: dict[str, tuple[str, ...]] = {
+    "model": (RESOLVED_MODEL,),
+    "requested_model": (REQUESTED_MODEL,),
+    "model_alias": (MODEL_ALIAS,),
     "session_id": (SESSION,),
     "trajectory_id": (TRAJECTORY,),
     "harness": (HARNESS,),

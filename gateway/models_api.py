@@ -9,13 +9,16 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.apis.anthropic.models_list import model_object, model_page
 from gateway.catalog import ModelCatalog
+from gateway.model_aliases import ModelAliases
 from gateway.parse_client import ParseClient
 from services.api import chat_pb2
 from services.common import errors
 
 
-def model_card(name: str, info: chat_pb2.ModelInfo, catalog: ModelCatalog | None = None) -> dict[str, Any]:
-    """OpenAI's model object, plus vLLM's ``max_model_len`` and the catalog's metadata."""
+def model_card(name: str, info: chat_pb2.ModelInfo, catalog: ModelCatalog | None = None,
+               aliases: ModelAliases | None = None) -> dict[str, Any]:
+    """OpenAI's model object, plus vLLM's ``max_model_len``, the catalog's metadata and ``aliases``: the other
+    names (``pattern``: a glob pattern) this model answers to, in the order they are tried."""
     return {
         "id": name,
         "object": "model",
@@ -24,6 +27,7 @@ def model_card(name: str, info: chat_pb2.ModelInfo, catalog: ModelCatalog | None
         "root": info.served_model_name,
         "max_model_len": info.max_model_len,
         **(catalog or ModelCatalog()).profile(info, name).metadata(),
+        "aliases": [{"name": alias.name, "pattern": alias.pattern} for alias in aliases or ()],
     }
 
 
@@ -36,9 +40,10 @@ class ModelsApi:
 
     async def list_models(self, request: Request) -> Response:
         info = await self._parse.get_model()
-        if "anthropic-version" in request.headers:  # Anthropic's SDKs and Claude Code send it
-            return JSONResponse(model_page([self._parse.public_name(info), *self._parse.aliases], info))
-        card = model_card(self._parse.public_name(info), info, self._catalog)
+        aliases = self._parse.aliases
+        if "anthropic-version" in request.headers:  # Anthropic's SDKs and Claude Code send it (patterns listed as is)
+            return JSONResponse(model_page([self._parse.public_name(info), *aliases.names()], info))
+        card = model_card(self._parse.public_name(info), info, self._catalog, aliases)
         return JSONResponse({"object": "list", "data": [card]})
 
     async def get_model(self, request: Request) -> Response:
@@ -48,7 +53,7 @@ class ModelsApi:
         public, info = await self._parse.resolve_model(model_id)
         if "anthropic-version" in request.headers:
             return JSONResponse(model_object(public, info))
-        return JSONResponse(model_card(public, info, self._catalog))
+        return JSONResponse(model_card(public, info, self._catalog, self._parse.aliases))
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -14,6 +14,7 @@ import structlog
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from gateway.admission import Admission
+from gateway.model_aliases import ModelAliases, Resolution
 from gateway.turn_tracking import TurnTracker
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
 from services.common import errors, message_reuse
@@ -98,7 +99,7 @@ class ParseClient:
         probe_timeout: float = 2.0,
         model_ttl: float = 5.0,
         served_model_name: str = "",
-        aliases: Mapping[str, str] | None = None,
+        aliases: ModelAliases | Mapping[str, str] | None = None,
         turns: TurnTracker | None = None,
         streams: MuxChannel | None = None,
         admission: Admission | None = None,
@@ -120,7 +121,7 @@ class ParseClient:
         self._model_at = 0.0
         self._refresh: asyncio.Future[None] | None = None  # a background GetModel (see get_model)
         self._served_name = served_model_name
-        self.aliases: dict[str, str] = dict(aliases or {})  # --model-alias NAME=SERVED
+        self.aliases = ModelAliases.coerce(aliases)  # --model-alias NAME=SERVED, NAME maybe a glob pattern
 
     async def chat(self, request: chat_pb2.ChatRequest) -> AsyncGenerator[chat_pb2.ChatEventBatch, None]:
         """Stream the parse service's event batches for ``request`` (once admitted: see ``gateway.admission``)."""
@@ -236,20 +237,32 @@ class ParseClient:
         return self._served_name or info.served_model_name
 
     async def resolve_model(self, requested: str) -> tuple[str, chat_pb2.ModelInfo]:
-        """The public name for ``requested`` (empty means the served model); unknown names raise 404.
+        """The public name for ``requested`` (empty means the served model) and the model's info; unknown names
+        raise 404. The resolution goes on the current span (and so on the access line): see :meth:`resolve`."""
+        resolution, info = await self.resolve(requested)
+        resolution.annotate_span()
+        return resolution.public, info
 
-        An alias resolves to its target and stays the public name: clients see the name they asked for.
+    async def resolve(self, requested: str) -> tuple[Resolution, chat_pb2.ModelInfo]:
+        """How ``requested`` resolves: the served model's own names first, then ``--model-alias`` (exact names,
+        then the first matching pattern). An alias stays the public name: clients see the name they asked for.
         """
-        if requested in self.aliases:
-            _, info = await self.resolve_model(self.aliases[requested])
-            return requested, info
         info = await self.get_model(stale_ok=True)
         public = self.public_name(info)
-        if requested and requested not in (public, info.served_model_name):
+        if not requested or requested in (public, info.served_model_name):
+            return Resolution(requested, public, public), info
+        alias = self.aliases.match(requested)
+        if alias is None:
+            listed = f" and the aliases {', '.join(self.aliases.names())}" if len(self.aliases) else ""
             raise errors.NotFoundError(
-                f"The model `{requested}` does not exist. This server serves `{public}`.", param="model"
+                f"The model `{requested}` does not exist. This server serves `{public}`{listed}.", param="model"
             )
-        return public, info
+        if alias.target not in (public, info.served_model_name):
+            raise errors.NotFoundError(
+                f"The model `{requested}` is an alias (`{alias.name}`) of `{alias.target}`, which this server "
+                f"does not serve: it serves `{public}`.", param="model"
+            )
+        return Resolution(requested, requested, public, alias), info
 
     async def tokenize(self, request: parse_pb2.TokenizeRequest) -> parse_pb2.TokenizeResponse:
         try:

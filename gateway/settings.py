@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.model_aliases import ModelAliases
 from services.common.service_settings import DEFAULT_MAX_MESSAGES, CommonSettings
 from services.common.settings import option
 
@@ -50,7 +51,9 @@ class GatewaySettings(CommonSettings):
         True, "Anthropic API: drop Claude Code's per-session 'x-anthropic-billing-header:' system line before "
         "tokenization (count_tokens too), so prompts keep a cacheable prefix.")
     model_alias: list[str] = option(  # noqa: RUF009 - option() builds a default_factory
-        [], "Another model name clients may ask for, served by this mesh's model (repeatable).",
+        [], "Another model name clients may ask for, served by this mesh's model (repeatable). NAME may be a "
+        "glob pattern ('claude-*=demo'): exact names first, then the first pattern that matches, in the order "
+        "given. Clients see the name they asked for; /v1/models lists the aliases.",
         metavar="NAME=SERVED",
     )
     thinking_signature_key: str = option(
@@ -94,15 +97,9 @@ class GatewaySettings(CommonSettings):
         "prompt text or arguments) to FILE; a .gz name writes gzip. Empty: off. See gateway/trace_records.py.",
         metavar="FILE")
 
-    def model_aliases(self) -> dict[str, str]:
-        """``--model-alias NAME=SERVED`` as a mapping; a malformed entry raises ValueError."""
-        out: dict[str, str] = {}
-        for entry in self.model_alias:
-            name, sep, served = entry.partition("=")
-            if not sep or not name.strip() or not served.strip():
-                raise ValueError(f"model_alias must be NAME=SERVED, got {entry!r}")
-            out[name.strip()] = served.strip()
-        return out
+    def model_aliases(self) -> ModelAliases:
+        """``--model-alias NAME=SERVED`` entries, patterns compiled; a malformed entry raises ValueError."""
+        return ModelAliases.parse(self.model_alias)
 
     def validate(self) -> None:
         if self.max_messages < 0:

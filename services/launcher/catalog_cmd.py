@@ -4,7 +4,8 @@ Reads the model cards of a running gateway (``GET /v1/models``: context window, 
 reasoning levels, truncation policy, ... from the model catalog) and prints, per harness:
 
 - ``codex``: a ``model_catalog_json`` file and the ``config.toml`` provider block that uses it;
-- ``claude-code``: environment variables;
+- ``claude-code``: environment variables, one for every model name Claude Code reads (main, small/fast,
+  default Haiku / Sonnet / Opus, sub-agent), so none is a name the mesh does not serve;
 - ``pi``: ``~/.pi/agent/models.json``;
 - ``openclaw``: the ``models.providers`` / ``agents.defaults.model`` part of ``openclaw.json``.
 
@@ -18,6 +19,7 @@ JSON), for scripts.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import sys
@@ -149,19 +151,44 @@ def codex(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[st
     return catalog, config
 
 
+# Every model name Claude Code reads from its environment (ANTHROPIC_SMALL_FAST_MODEL: the older name of the
+# Haiku one, still read). Each left unset is a name Claude Code makes up (its own current Sonnet / Haiku /
+# Opus id), which the mesh serves only under a --model-alias.
+CLAUDE_CODE_MODEL_VARIABLES = (
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "CLAUDE_CODE_SUBAGENT_MODEL",
+)
+CLAUDE_MODEL_EXAMPLE = "claude-haiku-4-5-20251001"  # a name a sub-agent definition may give as its model
+
+
+def _alias_covering(card: dict[str, Any], name: str) -> str | None:
+    """The first alias of ``card`` (as ``GET /v1/models`` lists them) that serves ``name``, if any."""
+    aliases = card.get("aliases") or []
+    for alias in sorted(aliases, key=lambda a: bool(a.get("pattern"))):  # exact names first, as the gateway
+        pattern = str(alias["name"])
+        if name == pattern or (alias.get("pattern") and fnmatch.fnmatchcase(name, pattern)):
+            return pattern
+    return None
+
+
 def claude_code(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[str, str]:
     model = card["id"]
+    covering = _alias_covering(card, CLAUDE_MODEL_EXAMPLE)
+    aliases = (f"this mesh serves them under --model-alias {covering!r}" if covering else
+               f"start the mesh with --model-alias 'claude-*={model}' so they resolve too")
     lines = [
         "# Claude Code: export these, then run `claude`",
         f"export ANTHROPIC_BASE_URL={url}",
         f"export ANTHROPIC_API_KEY=${API_KEY_ENV}",
-        f"export ANTHROPIC_MODEL={model}",
-        f"export ANTHROPIC_SMALL_FAST_MODEL={model}",
-        f"export ANTHROPIC_DEFAULT_HAIKU_MODEL={model}",
-        f"export ANTHROPIC_DEFAULT_SONNET_MODEL={model}",
-        f"export ANTHROPIC_DEFAULT_OPUS_MODEL={model}",
+        *(f"export {name}={model}" for name in CLAUDE_CODE_MODEL_VARIABLES),
         f"export CLAUDE_CODE_MAX_OUTPUT_TOKENS={card.get('max_output_tokens') or 8192}",
         "export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
+        "# CLAUDE_CODE_SUBAGENT_MODEL overrides the model a sub-agent's definition names; without it, names from",
+        f"# definitions, settings or /model (e.g. {CLAUDE_MODEL_EXAMPLE}) reach the mesh as they are: {aliases}.",
     ]
     text = "\n".join(lines)
     return text, text

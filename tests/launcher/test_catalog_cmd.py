@@ -84,6 +84,39 @@ async def test_claude_code_pi_openclaw(served: str, capsys: pytest.CaptureFixtur
     assert claw["models"]["providers"]["harnessmesh-anthropic"]["api"] == "anthropic-messages"
 
 
+def _exports(text: str) -> dict[str, str]:
+    return dict(line.removeprefix("export ").split("=", 1) for line in text.splitlines() if line.startswith("export "))
+
+
+async def test_claude_code_gets_every_model_variable_it_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeParse()
+    server, address = await start_fake_parse(fake)
+    plain = Gateway(GatewaySettings(http_port=0, grpc_port=0, parse_address=address), tracing=None)
+    aliased = Gateway(GatewaySettings(http_port=0, grpc_port=0, parse_address=address,
+                                      model_alias=["mock-model=demo", "gpt-*=demo", "claude-*=demo"]), tracing=None)
+    await plain.start()
+    await aliased.start()
+    try:
+        without = await run_cli(capsys, "claude-code", "--url", plain.http_url)
+        with_alias = await run_cli(capsys, "claude-code", "--url", aliased.http_url)
+    finally:
+        await plain.stop()
+        await aliased.stop()
+        await server.stop(0)
+    exports = _exports(without)
+    # main, small/fast (and its current name), default Haiku / Sonnet / Opus, sub-agent: none left to a made-up name
+    for name in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+                 "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):
+        assert exports.pop(name) == "demo", name
+    assert set(exports) == {"ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "CLAUDE_CODE_MAX_OUTPUT_TOKENS",
+                            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"}
+    # the names Claude Code sends on its own: how to serve them, or which alias already does
+    assert "start the mesh with --model-alias 'claude-*=demo'" in without
+    assert "this mesh serves them under --model-alias 'claude-*'" in with_alias
+    assert set(_exports(with_alias).items()) ^ set(_exports(without).items()) == {
+        ("ANTHROPIC_BASE_URL", plain.http_url), ("ANTHROPIC_BASE_URL", aliased.http_url)}
+
+
 async def test_unknown_model_and_unreachable_mesh(served: str) -> None:
     with pytest.raises(SystemExit, match="does not serve 'other'"):
         await asyncio.to_thread(main, ["catalog", "pi", "--url", served, "--model", "other"])

@@ -2,7 +2,8 @@
 
 The same fields as the HTTP line (``gateway/access_log.py``): ``method`` (``grpc``), ``path`` (the full
 method name), ``status`` (the gRPC status name: ``OK``, or the error that ended the call or the stream),
-``duration_ms`` (until the call ends), ``request_id``, and ``session_id``, ``trajectory_id``, ``harness``,
+``duration_ms`` (until the call ends), ``request_id``, ``model`` / ``requested_model`` / ``model_alias``
+(how the request's model name resolved), and ``session_id``, ``trajectory_id``, ``harness``,
 ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` as far as the turn got. Never a prompt.
 """
 

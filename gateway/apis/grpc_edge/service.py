@@ -53,7 +53,9 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
         try:
             if not request.messages:
                 raise errors.InvalidRequestError("messages must not be empty", param="messages")
-            _, info = await self._parse.resolve_model(request.model)
+            resolution, info = await self._parse.resolve(request.model)
+            resolution.annotate_span()
+            access.fields.update(resolution.access_fields())
             forward = chat_pb2.ChatRequest()
             forward.CopyFrom(request)
             forward.request_id = request_id
