@@ -71,7 +71,8 @@ MODEL_ALIAS = "harnessmesh.model.alias"
 @dataclass(frozen=True)
 class Resolution:
     """How a request's model name resolved: ``public`` is the name the client is answered with (what it asked
-    for, when an alias matched), ``resolved`` the served model's public name, ``alias`` the entry used."""
+    for, when an alias matched), ``resolved`` the served model's public name (empty: nothing serves the name),
+    ``alias`` the entry used."""
 
     requested: str
     public: str
@@ -80,7 +81,7 @@ class Resolution:
 
     def attributes(self) -> dict[str, str]:
         """The span attributes (:data:`RESOLVED_MODEL`, :data:`REQUESTED_MODEL`, :data:`MODEL_ALIAS`)."""
-        attrs = {RESOLVED_MODEL: self.resolved}
+        attrs = {RESOLVED_MODEL: self.resolved} if self.resolved else {}
         if self.requested:
             attrs[REQUESTED_MODEL] = self.requested
         if self.alias is not None:
@@ -95,7 +96,7 @@ class Resolution:
 
     def access_fields(self) -> dict[str, str]:
         """The same as access-line fields: ``model``, ``requested_model``, ``model_alias``."""
-        fields = {"model": self.resolved}
+        fields = {"model": self.resolved} if self.resolved else {}
         if self.requested:
             fields["requested_model"] = self.requested
         if self.alias is not None:

@@ -238,8 +238,13 @@ class ParseClient:
 
     async def resolve_model(self, requested: str) -> tuple[str, chat_pb2.ModelInfo]:
         """The public name for ``requested`` (empty means the served model) and the model's info; unknown names
-        raise 404. The resolution goes on the current span (and so on the access line): see :meth:`resolve`."""
-        resolution, info = await self.resolve(requested)
+        raise 404. The resolution goes on the current span (and so on the access line; for a 404 the name asked
+        for): see :meth:`resolve`."""
+        try:
+            resolution, info = await self.resolve(requested)
+        except errors.NotFoundError:
+            Resolution(requested, "", "").annotate_span()  # the name nothing serves: which alias would be missing
+            raise
         resolution.annotate_span()
         return resolution.public, info
 

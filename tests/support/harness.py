@@ -98,14 +98,20 @@ def run_client(binary: Path, args: Sequence[str], workdir: Path, env: Mapping[st
     pytest.fail(f"{binary.name} ran past {timeout} s; its stderr ends:\n{stderr[-3000:]}")
 
 
-def run_claude_code(base_url: str, model: str, workdir: Path, args: Sequence[str], timeout: float) -> int:
-    """Claude Code once against the gateway at ``base_url`` (its root: the client appends ``/v1/messages``)."""
-    env = {
-        "ANTHROPIC_BASE_URL": base_url.rstrip("/").removesuffix("/v1"),
-        "ANTHROPIC_API_KEY": API_KEY,
+def run_claude_code(base_url: str, model: str | None, workdir: Path, args: Sequence[str], timeout: float) -> int:
+    """Claude Code once against the gateway at ``base_url`` (its root: the client appends ``/v1/messages``).
+
+    ``model`` None sets no model variable: Claude Code then asks for the model names it makes up itself.
+    """
+    models = {} if model is None else {
         "ANTHROPIC_MODEL": model,
         "ANTHROPIC_SMALL_FAST_MODEL": model,  # its small/fast ("haiku") calls go to the same model
         "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+    }
+    env = {
+        "ANTHROPIC_BASE_URL": base_url.rstrip("/").removesuffix("/v1"),
+        "ANTHROPIC_API_KEY": API_KEY,
+        **models,
         # Offline-clean: no preconnect (HEAD /api/hello) and no DNS lookup, no telemetry, update or error report.
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_TELEMETRY": "1",

@@ -53,6 +53,8 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
         try:
             if not request.messages:
                 raise errors.InvalidRequestError("messages must not be empty", param="messages")
+            if request.model:
+                access.fields["requested_model"] = request.model  # a 404's line names what nothing serves
             resolution, info = await self._parse.resolve(request.model)
             resolution.annotate_span()
             access.fields.update(resolution.access_fields())
