@@ -18,6 +18,7 @@ import fnmatch
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from opentelemetry import trace
 
@@ -68,8 +69,7 @@ REQUESTED_MODEL = "harnessmesh.model.requested"
 MODEL_ALIAS = "harnessmesh.model.alias"
 
 
-@dataclass(frozen=True)
-class Resolution:
+class Resolution(NamedTuple):
     """How a request's model name resolved: ``public`` is the name the client is answered with (what it asked
     for, when an alias matched), ``resolved`` the served model's public name (empty: nothing serves the name),
     ``alias`` the entry used."""
