@@ -49,11 +49,14 @@ class ModelAlias:
             raise ValueError(f"model_alias must be NAME=SERVED (NAME may be a glob pattern), got {entry!r}")
         return cls.of(name, target)
 
+    def __post_init__(self) -> None:
+        if self.pattern and self._regex is None:
+            object.__setattr__(self, "_regex", re.compile(fnmatch.translate(self.name)))  # compiled once
+
     @classmethod
     def of(cls, name: str, target: str) -> ModelAlias:
-        if not is_pattern(name):
-            return cls(name, target)
-        return cls(name, target, True, re.compile(fnmatch.translate(name)))
+        """``name`` served by ``target``; a pattern when ``name`` holds a glob character."""
+        return cls(name, target, is_pattern(name))
 
     def matches(self, requested: str) -> bool:
         if self._regex is None:

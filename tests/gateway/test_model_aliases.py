@@ -47,6 +47,8 @@ def test_exact_names_before_patterns_and_the_first_matching_pattern_wins() -> No
     assert aliases.match(HAIKU) == ModelAlias("claude-*", "demo", pattern=True)
     assert first.match(HAIKU) == ModelAlias("claude-haiku-*", "demo", pattern=True)  # a repeated name: the first
     assert [(a.name, a.target) for a in first] == [("claude-haiku-*", "demo"), ("claude-*", "other")]
+    built = ModelAliases([ModelAlias("claude-x", "demo"), ModelAlias("claude-*", "demo", pattern=True)])
+    assert _names(built, "claude-x", "claude-y", "claude") == ["claude-x", "claude-*", None]
 
 
 def test_malformed_entries_are_refused_and_the_memo_is_bounded() -> None:
