@@ -5,7 +5,8 @@ reasoning levels, truncation policy, ... from the model catalog) and prints, per
 
 - ``codex``: a ``model_catalog_json`` file and the ``config.toml`` provider block that uses it;
 - ``claude-code``: environment variables, one for every model name Claude Code reads (main, small/fast,
-  default Haiku / Sonnet / Opus, sub-agent), so none is a name the mesh does not serve;
+  default Haiku / Sonnet / Opus, sub-agents (forced over their definitions' own), classifiers), so none is a
+  name the mesh does not serve;
 - ``pi``: ``~/.pi/agent/models.json``;
 - ``openclaw``: the ``models.providers`` / ``agents.defaults.model`` part of ``openclaw.json``.
 
@@ -151,9 +152,10 @@ def codex(card: dict[str, Any], url: str, settings: CatalogSettings) -> tuple[st
     return catalog, config
 
 
-# Every model name Claude Code reads from its environment (ANTHROPIC_SMALL_FAST_MODEL: the older name of the
-# Haiku one, still read). Each left unset is a name Claude Code makes up (its own current Sonnet / Haiku /
-# Opus id), which the mesh serves only under a --model-alias.
+# Every model name Claude Code (2.1.330, the pinned version) reads from its environment: the main model, the
+# small/fast one (ANTHROPIC_SMALL_FAST_MODEL: the older name of the Haiku one, still read), the default Haiku /
+# Sonnet / Opus, sub-agents', workflow sub-agents', and the auto-mode and background classifiers'. Each left unset
+# is a name Claude Code makes up (its own current Sonnet / Haiku / Opus id), served only under a --model-alias.
 CLAUDE_CODE_MODEL_VARIABLES = (
     "ANTHROPIC_MODEL",
     "ANTHROPIC_SMALL_FAST_MODEL",
@@ -161,6 +163,9 @@ CLAUDE_CODE_MODEL_VARIABLES = (
     "ANTHROPIC_DEFAULT_SONNET_MODEL",
     "ANTHROPIC_DEFAULT_OPUS_MODEL",
     "CLAUDE_CODE_SUBAGENT_MODEL",
+    "CLAUDE_CODE_WORKFLOW_SUBAGENT_MODEL",
+    "CLAUDE_CODE_AUTO_MODE_MODEL",
+    "CLAUDE_CODE_BG_CLASSIFIER_MODEL",
 )
 CLAUDE_MODEL_EXAMPLE = "claude-haiku-4-5-20251001"  # a name a sub-agent definition may give as its model
 
@@ -185,10 +190,13 @@ def claude_code(card: dict[str, Any], url: str, settings: CatalogSettings) -> tu
         f"export ANTHROPIC_BASE_URL={url}",
         f"export ANTHROPIC_API_KEY=${API_KEY_ENV}",
         *(f"export {name}={model}" for name in CLAUDE_CODE_MODEL_VARIABLES),
+        "export CLAUDE_CODE_SUBAGENT_MODEL_FORCE=1",
         f"export CLAUDE_CODE_MAX_OUTPUT_TOKENS={card.get('max_output_tokens') or 8192}",
         "export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
-        "# CLAUDE_CODE_SUBAGENT_MODEL overrides the model a sub-agent's definition names; without it, names from",
-        f"# definitions, settings or /model (e.g. {CLAUDE_MODEL_EXAMPLE}) reach the mesh as they are: {aliases}.",
+        "# CLAUDE_CODE_SUBAGENT_MODEL_FORCE=1: the sub-agent model above also replaces the one a sub-agent's",
+        "# definition names (model: ...) or its Agent call asks for (without it, Claude Code sends those as they",
+        f"# are). Names set elsewhere (settings, /model; e.g. {CLAUDE_MODEL_EXAMPLE}) still reach the mesh",
+        f"# as they are: {aliases}.",
     ]
     text = "\n".join(lines)
     return text, text

@@ -104,10 +104,13 @@ async def test_claude_code_gets_every_model_variable_it_reads(capsys: pytest.Cap
         await aliased.stop()
         await server.stop(0)
     exports = _exports(without)
-    # main, small/fast (and its current name), default Haiku / Sonnet / Opus, sub-agent: none left to a made-up name
+    # main, small/fast, default Haiku / Sonnet / Opus, sub-agents, classifiers: none left to a made-up name
     for name in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-                 "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):
+                 "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL",
+                 "CLAUDE_CODE_WORKFLOW_SUBAGENT_MODEL", "CLAUDE_CODE_AUTO_MODE_MODEL",
+                 "CLAUDE_CODE_BG_CLASSIFIER_MODEL"):
         assert exports.pop(name) == "demo", name
+    assert exports.pop("CLAUDE_CODE_SUBAGENT_MODEL_FORCE") == "1"  # over a definition's own model: see the e2e
     assert set(exports) == {"ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "CLAUDE_CODE_MAX_OUTPUT_TOKENS",
                             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"}
     # the names Claude Code sends on its own: how to serve them, or which alias already does
