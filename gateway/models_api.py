@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.apis.anthropic.models_list import model_object, model_page
 from gateway.catalog import ModelCatalog
 from gateway.parse_client import ParseClient
+from gateway.template_notes import template_card
 from services.api import chat_pb2
 from services.common import errors
 
@@ -24,6 +25,7 @@ def model_card(name: str, info: chat_pb2.ModelInfo, catalog: ModelCatalog | None
         "root": info.served_model_name,
         "max_model_len": info.max_model_len,
         **(catalog or ModelCatalog()).profile(info, name).metadata(),
+        "chat_template": template_card(info),  # what the parse service's template does with the conversation
     }
 
 

@@ -24,7 +24,6 @@ import hashlib
 import re
 import secrets
 import string
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -33,8 +32,6 @@ from services.parse.conversation import TemplateInput
 from services.parse.tool_prompts import ToolPrompt
 
 InlineSystem = Literal["as-is", "user"]
-INLINE_SYSTEM_CHOICES = ("auto", "as-is", "user")
-UNRENDERED_TOOLS_CHOICES = ("warn", "refuse")
 CallIdForm = Literal["any", "alnum9"]
 
 REMINDER_OPEN = "<system-reminder>\n"
@@ -176,6 +173,12 @@ class TemplateForms:
                     "tool-prompt template (--tool-prompt-template)", param="tools")
         return data if messages is data.messages else replace(data, messages=messages)
 
+    def model_info(self) -> dict[str, Any]:
+        """The ``ModelInfo`` fields (GetModel) that carry these forms to the gateway's ``/v1/models``."""
+        return {"inline_system": self.inline_system, "inline_system_reason": self.inline_system_reason,
+                "tools_unrendered": self.tools_unrendered,
+                "tool_prompt": self.tool_prompt.name if self.tool_prompt is not None else ""}
+
     def summary(self) -> dict[str, Any]:
         """The decisions as the start-up log line and ``/v1/models`` show them."""
         return {"inline_system": self.inline_system, "inline_system_reason": self.inline_system_reason,
@@ -183,7 +186,3 @@ class TemplateForms:
                 "tool_prompt": self.tool_prompt.name if self.tool_prompt is not None else "",
                 "tools_unrendered": self.tools_unrendered}
 
-
-def system_texts(messages: Sequence[dict[str, Any]]) -> list[str]:
-    """The contents of the system messages after the first message (what the ``user`` form folds)."""
-    return [m.get("content") or "" for m in messages[1:] if m["role"] == "system"]

@@ -27,7 +27,8 @@ from services.parse.conversation import (
     ToolCallPart,
     ToolSpec,
 )
-from services.parse.template_forms import INLINE_SYSTEM_CHOICES, InlineSystem, TemplateForms, call_id_form
+from services.parse.template_catalog import INLINE_SYSTEM_CHOICES
+from services.parse.template_forms import InlineSystem, TemplateForms, call_id_form
 from services.parse.tool_prompts import ToolPrompt
 
 Prepare = Callable[[Conversation], TemplateInput]  # a conversation as a request's would reach the template
@@ -38,8 +39,8 @@ PROBE_TOOL = ToolSpec("harnessmesh_probe_tool", "Probe tool description (harness
 _CALL_ID = "call_0123456789abcdef01234567"
 
 
-def _text(role: str, text: str, **kwargs: str) -> ChatMessage:
-    return ChatMessage(role, (TextPart(text),), **kwargs)
+def _text(role: str, text: str, *, tool_call_id: str = "", name: str = "") -> ChatMessage:
+    return ChatMessage(role, (TextPart(text),), tool_call_id=tool_call_id, name=name)
 
 
 def _probe_messages(inline: bool) -> tuple[tuple[ChatMessage, ...], list[str]]:

@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001, RUF002 - DeepSeek's markers are spelled with fullwidth bars, on purpose
 """Tool-prompt templates: the request's tools as system-message text, for chat templates that never render tools.
 
 DeepSeek-R1's and DeepSeek-V3.1's chat templates read no ``tools`` variable: the models were trained on a tool
