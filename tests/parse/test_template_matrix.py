@@ -1,7 +1,7 @@
 """The template matrix: every fixture chat template x a 10-turn Claude Code session with inline system messages.
 
 The session is Claude Code 2.1.330's own first request (tests/fixtures/captures: its system prompt, 12 tools, the
-user turn and the inline ``role: "system"`` environment message) grown by 10 tool-loop turns. After every tool
+user turn and the inline ``role: "system"`` environment message) and 9 tool-loop turns after it: 10 turns. After every tool
 result Claude Code's kind of reminders arrive as ``role: "system"`` messages: a token-budget reminder whose text
 changes every turn, a todo-list reminder every third turn and, once, the user's mid-turn steer. Each turn goes the
 real way: the Anthropic body through the gateway's conversion (``chat_request``), the parse service's
@@ -12,8 +12,9 @@ prompt, and the prompt's cached share from turn 2 on: the common token prefix of
 previous turn's, over this turn's prompt (``cached_share``: what a prefix cache holding the previous prompt serves
 of this one) and over the previous prompt (``reused_share``: how much of the previous prompt stays valid). Both
 must be >= 0.97 (a template that does not render tools runs with the built-in tool prompt the start-up warning
-names; without it, see ``test_without_a_tool_prompt_the_prefix_still_holds``). The tokenizer is the demo tokenizer with the family's control strings as special tokens
-(``template_models.py``), not the model's own: the share is the template's doing, the absolute counts are not.
+names; without it, see ``test_without_a_tool_prompt_the_prefix_still_holds``). The tokenizer is the demo
+tokenizer with the family's control strings as special tokens (``template_models.py``), not the model's own: the
+share is the template's doing, the absolute counts are not.
 """
 
 from __future__ import annotations
