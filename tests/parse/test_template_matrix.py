@@ -1,7 +1,7 @@
 """The template matrix: every fixture chat template x a 10-turn Claude Code session with inline system messages.
 
 The session is Claude Code 2.1.330's own first request (tests/fixtures/captures: its system prompt, 12 tools, the
-user turn and the inline ``role: "system"`` environment message) and 9 tool-loop turns after it: 10 turns. After every tool
+user turn and the inline ``role: "system"`` environment message) and 9 tool-loop turns after it. After every tool
 result Claude Code's kind of reminders arrive as ``role: "system"`` messages: a token-budget reminder whose text
 changes every turn, a todo-list reminder every third turn and, once, the user's mid-turn steer. Each turn goes the
 real way: the Anthropic body through the gateway's conversion (``chat_request``), the parse service's
