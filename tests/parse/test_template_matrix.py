@@ -146,7 +146,7 @@ def test_without_a_tool_prompt_the_prefix_still_holds(family: str, turns: list[t
 
 def test_the_matrix_fails_without_the_user_form(turns: list[tuple[dict[str, Any], list[str]]], tmp_path: Path) -> None:
     """The control: as-is, DeepSeek-V3.1 hoists each reminder into its system prompt (the previous prompt is reused
-    only up to there: a share that falls every turn), gpt-oss drops them, Mistral refuses the turn."""
+    only up to there: a share that falls every turn), gpt-oss drops them, Mistral refuses turn 2."""
     shares = run_session(_format("deepseek-v3.1", tmp_path, inline_system="as-is"), turns)
     reused = [share for _, _, share in shares]
     assert reused[-1] < MIN_SHARE and reused == sorted(reused, reverse=True), shares
