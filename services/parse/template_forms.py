@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
+import operator
 import re
 import secrets
 import string
-from dataclasses import dataclass, replace
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from services.common.errors import InvalidRequestError
@@ -54,34 +59,93 @@ def _joined(message: dict[str, Any], text: str, *, before: bool = False) -> dict
     return {**message, "content": text + _JOIN + content if before else content + _JOIN + text}
 
 
-def fold_inline_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _reminders(systems: Sequence[dict[str, Any]]) -> str:
+    return _JOIN.join(as_reminder(m.get("content") or "") for m in systems)
+
+
+def _reminders_after(base: dict[str, Any], run: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return _joined(base, _reminders(run))
+
+
+def _reminders_before(run: Sequence[dict[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
+    return _joined(base, _reminders(run), before=True)
+
+
+def _reminder_message(run: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {"role": "user", "content": _reminders(run)}
+
+
+class MadeDicts:
+    """Template dicts made from other template dicts, by the identity of those (bounded, thread-safe).
+
+    A conversation the parse service holds between turns renders the very same message dicts every turn
+    (``conversation.MessageDicts``), so a joined reminder or a message with fitted ids is made once per session.
+    """
+
+    def __init__(self, max_items: int = 100_000) -> None:
+        self._max = max_items
+        self._items: OrderedDict[int, tuple[tuple[dict[str, Any], ...], dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, sources: tuple[dict[str, Any], ...], make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The dict ``make`` made of ``sources`` (kept alive with it, so their ids name no other objects); keyed
+        by the first source, the others compared."""
+        item = self._items.get(id(sources[0]))
+        if item is not None and len(item[0]) == len(sources) and all(map(operator.is_, item[0], sources)):
+            return item[1]
+        made = make()
+        with self._lock:
+            self._items[id(sources[0])] = (sources, made)
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)
+        return made
+
+
+def _unmade(sources: tuple[dict[str, Any], ...], make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    return make()
+
+
+def fold_inline_system(messages: list[dict[str, Any]], made: MadeDicts | None = None) -> list[dict[str, Any]]:
     """The ``user`` form: each system message after the first message becomes a system reminder in the user or
     tool message before it, else in the user or tool message after it, else a user message of its own.
 
     Joining backwards first keeps the render of a turn's history the same on every later turn (the message a
-    reminder follows never changes). The messages are not edited: a joined one is a new dict.
+    reminder follows never changes). The messages are not edited: a joined one is a new dict (from ``made``, when
+    given, for the same dicts joined before).
     """
-    if not any(m["role"] == "system" for m in messages[1:]):
+    if not any(m["role"] == "system" for m in itertools.islice(messages, 1, None)):
         return messages
+    get = made.get if made is not None else _unmade
     out: list[dict[str, Any]] = []
-    pending: list[str] = []  # reminders with no user or tool message before them yet
+    after: list[dict[str, Any]] = []  # system messages that join out[-1]
+    pending: list[dict[str, Any]] = []  # system messages with no user or tool message before them
+
+    def join_after() -> None:
+        if after:
+            base, run = out[-1], tuple(after)
+            out[-1] = get((base, *run), functools.partial(_reminders_after, base, run))
+            after.clear()
+
     for i, message in enumerate(messages):
         if i and message["role"] == "system":
-            text = as_reminder(message.get("content") or "")
             if out and out[-1]["role"] in ("user", "tool") and not pending:
-                out[-1] = _joined(out[-1], text)
+                after.append(message)
             else:
-                pending.append(text)
+                pending.append(message)
             continue
+        join_after()
         if pending:
+            run = tuple(pending)
             if message["role"] in ("user", "tool"):
-                message = _joined(message, _JOIN.join(pending), before=True)
+                message = get((*run, message), functools.partial(_reminders_before, run, message))
             else:
-                out.append({"role": "user", "content": _JOIN.join(pending)})
-            pending = []
+                out.append(get(run, functools.partial(_reminder_message, run)))
+            pending.clear()
         out.append(message)
+    join_after()
     if pending:
-        out.append({"role": "user", "content": _JOIN.join(pending)})
+        run = tuple(pending)
+        out.append(get(run, functools.partial(_reminder_message, run)))
     return out
 
 
@@ -114,18 +178,26 @@ def new_alnum9_id() -> str:
     return "".join(secrets.choice(_ALNUM) for _ in range(9))
 
 
-def fit_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _fitted(message: dict[str, Any]) -> dict[str, Any]:
+    fitted = message
+    calls = message.get("tool_calls")
+    if calls and any("id" in c and alnum9_id(c["id"]) != c["id"] for c in calls):
+        fitted = {**message, "tool_calls": [{**c, "id": alnum9_id(c["id"])} if "id" in c else c for c in calls]}
+    call_id = message.get("tool_call_id")
+    if isinstance(call_id, str) and alnum9_id(call_id) != call_id:
+        fitted = {**fitted, "tool_call_id": alnum9_id(call_id)}
+    return fitted
+
+
+def fit_call_ids(messages: list[dict[str, Any]], made: MadeDicts | None = None) -> list[dict[str, Any]]:
     """``messages`` with every tool-call id (assistant ``tool_calls[].id``, tool ``tool_call_id``) as
     :func:`alnum9_id` maps it; messages whose ids fit already are the same objects."""
+    get = made.get if made is not None else _unmade
     out = messages
     for i, message in enumerate(messages):
-        fitted = message
-        calls = message.get("tool_calls")
-        if calls and any("id" in c and alnum9_id(c["id"]) != c["id"] for c in calls):
-            fitted = {**message, "tool_calls": [{**c, "id": alnum9_id(c["id"])} if "id" in c else c for c in calls]}
-        call_id = message.get("tool_call_id")
-        if isinstance(call_id, str) and alnum9_id(call_id) != call_id:
-            fitted = {**fitted, "tool_call_id": alnum9_id(call_id)}
+        if "tool_calls" not in message and "tool_call_id" not in message:
+            continue
+        fitted = get((message,), functools.partial(_fitted, message))
         if fitted is not message:
             if out is messages:
                 out = list(messages)
@@ -150,6 +222,7 @@ class TemplateForms:
     tools_reason: str = ""
     tool_prompt: ToolPrompt | None = None
     refuse_unrendered_tools: bool = False
+    made: MadeDicts = field(default_factory=MadeDicts, compare=False, repr=False)
 
     @property
     def tools_unrendered(self) -> bool:
@@ -160,9 +233,9 @@ class TemplateForms:
         """``data`` in the forms the template accepts (``data`` itself when nothing changes)."""
         messages = data.messages
         if self.inline_system == "user":
-            messages = fold_inline_system(messages)
+            messages = fold_inline_system(messages, self.made)
         if self.call_ids == "alnum9":
-            messages = fit_call_ids(messages)
+            messages = fit_call_ids(messages, self.made)
         if data.tools and not self.renders_tools:
             if self.tool_prompt is not None:
                 messages = self.tool_prompt.into_system(messages, data.tools)

@@ -23,6 +23,7 @@ from services.parse.service import ParseService
 from services.parse.settings import ParseSettings
 from services.parse.template_catalog import TemplatePolicy, template_policy
 from services.parse.template_forms import (
+    MadeDicts,
     TemplateForms,
     alnum9_id,
     as_reminder,
@@ -71,6 +72,18 @@ def test_the_user_form_keeps_a_turns_render_on_later_turns() -> None:
     turn = [_m("user", "u"), _m("assistant", "a"), _m("tool", "out"), _m("system", "r1")]
     later = [*turn, _m("assistant", "b"), _m("tool", "out2"), _m("system", "r2")]
     assert fold_inline_system(later)[:len(fold_inline_system(turn))] == fold_inline_system(turn)
+
+
+def test_joined_messages_are_made_once_per_session() -> None:
+    """The same message dicts (a held conversation's, every turn) get the same joined dicts back."""
+    made = MadeDicts()
+    messages = [_m("user", "u"), _m("assistant", "a"), _m("system", "steer"), _m("user", "v"),
+                _m("tool", "out", tool_call_id="call_x"), _m("system", "r")]
+    first, second = fold_inline_system(messages, made), fold_inline_system(list(messages), made)
+    assert first == second == fold_inline_system(messages) and all(a is b for a, b in zip(first, second, strict=True))
+    assert fold_inline_system([*messages[:5], _m("system", "r")], made)[-1] is not first[-1]  # another dict
+    fitted = fit_call_ids(first, made)
+    assert fit_call_ids(second, made)[-1] is fitted[-1] and fitted[-1]["tool_call_id"] == alnum9_id("call_x")
 
 
 def test_nothing_to_fold_is_the_same_list() -> None:
