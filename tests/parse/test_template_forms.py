@@ -18,6 +18,7 @@ from services.common.model_dir import load_model_dir
 from services.common.settings import parse_settings
 from services.parse.conversation import ChatMessage, Conversation, TemplateInput, TextPart, ToolCallPart, ToolSpec
 from services.parse.model_format import ModelFormat
+from services.parse.parsers.events import ToolCallStart
 from services.parse.server import build_model_format
 from services.parse.service import ParseService
 from services.parse.settings import ParseSettings
@@ -142,8 +143,8 @@ def test_mistral_mints_ids_its_template_accepts(mistral: ModelFormat) -> None:
     pipeline = mistral.output_pipeline("", {})
     ids = mistral.encode('[TOOL_CALLS]Bash[ARGS]{"command": "ls"}')
     events = pipeline.feed(ids) + pipeline.finish()
-    starts = [e for e in events if type(e).__name__ == "ToolCallStart"]
-    assert starts and all(re.fullmatch(r"[A-Za-z0-9]{9}", e.id) for e in starts)  # type: ignore[attr-defined]
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    assert starts and all(re.fullmatch(r"[A-Za-z0-9]{9}", e.id) for e in starts)
 
 
 # -- tools a template does not render ------------------------------------------------------------------------------
