@@ -147,9 +147,10 @@ def test_without_a_tool_prompt_the_prefix_still_holds(family: str, turns: list[t
 def test_the_matrix_fails_without_the_user_form(turns: list[tuple[dict[str, Any], list[str]]], tmp_path: Path) -> None:
     """The control: as-is, DeepSeek-V3.1 hoists each reminder into its system prompt (the previous prompt is reused
     only up to there: a share that falls every turn), gpt-oss drops them, Mistral refuses turn 2."""
-    shares = run_session(_format("deepseek-v3.1", tmp_path, inline_system="as-is"), turns)
-    reused = [share for _, _, share in shares]
-    assert reused[-1] < MIN_SHARE and reused == sorted(reused, reverse=True), shares
+    for tool_prompt, last in ((True, MIN_SHARE), (False, 0.8)):  # docs/templates.md: 0.988 -> 0.892, 0.964 -> 0.746
+        shares = run_session(_format("deepseek-v3.1", tmp_path, inline_system="as-is", tool_prompt=tool_prompt), turns)
+        reused = [share for _, _, share in shares]
+        assert reused[-1] < last and reused == sorted(reused, reverse=True), shares
     with pytest.raises(AssertionError, match="reminders not in the prompt"):
         run_session(_format("gpt-oss", tmp_path, inline_system="as-is"), turns[:2])
     with pytest.raises(InvalidRequestError, match="alternate"):
