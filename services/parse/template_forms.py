@@ -253,7 +253,7 @@ class TemplateForms:
                 "tool_prompt": self.tool_prompt.name if self.tool_prompt is not None else ""}
 
     def summary(self) -> dict[str, Any]:
-        """The decisions as the start-up log line and ``/v1/models`` show them."""
+        """The decisions as the start-up log line (``parse.template_forms``) shows them."""
         return {"inline_system": self.inline_system, "inline_system_reason": self.inline_system_reason,
                 "call_ids": self.call_ids, "renders_tools": self.renders_tools,
                 "tool_prompt": self.tool_prompt.name if self.tool_prompt is not None else "",
