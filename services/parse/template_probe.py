@@ -72,6 +72,7 @@ def _error(exc: Exception) -> str:
 
 def inline_system_behaviour(render: Render, prepare: Prepare, forms: TemplateForms) -> tuple[bool, str]:
     """Whether the template keeps inline system messages in place under ``forms``, and what it does with them."""
+    forms = replace(forms, refuse_unrendered_tools=False)  # the probe's tool must not make it a refusal
     base, _ = _probe_messages(inline=False)
     try:
         _render(render, prepare, forms, Conversation(base, tools=(PROBE_TOOL,)))

@@ -256,3 +256,39 @@ def test_the_options_have_env_twins() -> None:
     with pytest.raises(SystemExit):
         parse_settings(ParseSettings, "parse", ["--inline-system", "sometimes"], {})
     assert TemplateForms().summary()["inline_system"] == "as-is" and not TemplateForms().tools_unrendered
+
+
+async def test_the_real_services_refuse_or_mark_unrendered_tools(tmp_path: Path) -> None:
+    """A parse service over a DeepSeek template (which ignores tools) behind the gateway's app: with
+    ``--unrendered-tools refuse`` a chat with tools is a 400 naming ``tools``; ``/v1/models`` says the template
+    does not render tools and why inline system messages go in the user form."""
+    import httpx
+
+    from gateway.app import create_app
+    from gateway.parse_client import ParseClient
+    from gateway.settings import GatewaySettings
+    from services.common.grpc_util import open_channel
+    from services.launcher.supervisor import free_port
+    from services.parse.server import start
+
+    root = build_family_model("deepseek-v3.1", tmp_path / "deepseek-v3.1")
+    settings = ParseSettings(model=str(root), port=0, router_address=f"127.0.0.1:{free_port()}",
+                             unrendered_tools="refuse")
+    parse = await start(settings)
+    channel = open_channel(parse.address, None)
+    try:
+        app = create_app(ParseClient(channel), GatewaySettings())
+        body = {"model": "deepseek-v3.1", "messages": [{"role": "user", "content": "hi"}], "tools": [
+            {"type": "function", "function": {"name": "Bash", "parameters": {"type": "object", "properties": {}}}}]}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            refused = await http.post("/v1/chat/completions", json=body)
+            card = (await http.get("/v1/models")).json()["data"][0]
+    finally:
+        await channel.close()
+        await parse.stop(0)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert "does not render tools" in error["message"] and error["param"] == "tools"
+    template = card["chat_template"]
+    assert template["renders_tools"] is False and template["inline_system"] == "user"
+    assert "hoists" in template["inline_system_reason"]
