@@ -23,9 +23,10 @@ from services.common.grpc_util import open_channel
 from tests.gateway.fake_parse import FakeParse
 
 TOOL_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}
+CHAT_TOOL = {"type": "function", "function": {"name": "Bash", "parameters": TOOL_SCHEMA}}
 BODIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {  # path -> (body, its tools)
     "/v1/chat/completions": ({"model": "demo", "messages": [{"role": "user", "content": "hi"}]},
-                             {"tools": [{"type": "function", "function": {"name": "Bash", "parameters": TOOL_SCHEMA}}]}),
+                             {"tools": [CHAT_TOOL]}),
     "/v1/messages": ({"model": "demo", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
                      {"tools": [{"name": "Bash", "input_schema": TOOL_SCHEMA}]}),
     "/v1/responses": ({"model": "demo", "input": "hi"},
