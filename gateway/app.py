@@ -35,6 +35,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.models_api import ModelsApi
 from gateway.parse_client import ParseClient
 from gateway.settings import GatewaySettings
+from gateway.template_notes import TemplateNotesMiddleware
 from gateway.tokenize_api import TokenizeApi
 from gateway.turn_tracking import API
 from services.common import errors
@@ -277,6 +278,7 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_key)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
+    app.add_middleware(TemplateNotesMiddleware, paths=frozenset(_APIS))  # x-harnessmesh-tools-unrendered
     app.add_middleware(InternalErrorMiddleware)  # inside the span: a 500 still ends the request's span with it
     app.add_middleware(SpanTapMiddleware)  # the turn's identity and usage, for the access line
     app.add_middleware(RequestSpanMiddleware, tracer=tracer or trace.get_tracer("harnessmesh.gateway"))

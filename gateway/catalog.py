@@ -19,6 +19,9 @@ per model by the ``--model-catalog`` file (YAML or JSON)::
         display_name: Demo
         description: local demo model
         base_instructions: "You are a coding agent..."   # Codex's base prompt for this model
+        inline_system: auto       # read by the parse service (services/parse/template_catalog.py):
+        tool_prompt_template: ""  #   how the chat template gets inline system messages and tools
+        unrendered_tools: warn
 
 Unknown keys are an error (a typo would otherwise be silently ignored).
 """
@@ -106,14 +109,18 @@ def default_profile(info: chat_pb2.ModelInfo, public_name: str = "") -> ModelPro
 
 
 _FIELDS = {f.name for f in dataclasses.fields(ModelProfile)} - {"reasoning_parser", "tool_parser"}
+# Keys the parse service reads from the same file (services/parse/template_catalog.py checks their values); the
+# gateway accepts them and shows their effect from the parse service's ModelInfo (``chat_template`` of a card).
+PARSE_KEYS = frozenset({"inline_system", "tool_prompt_template", "unrendered_tools"})
 
 
 def _check_entry(name: str, entry: Any, where: str) -> dict[str, Any]:
     if not isinstance(entry, dict):
         raise CatalogError(f"{where}: models.{name} must be a mapping")
-    unknown = set(entry) - _FIELDS
+    unknown = set(entry) - _FIELDS - PARSE_KEYS
     if unknown:
-        raise CatalogError(f"{where}: models.{name} has unknown keys {sorted(unknown)}; valid: {sorted(_FIELDS)}")
+        raise CatalogError(f"{where}: models.{name} has unknown keys {sorted(unknown)}; "
+                           f"valid: {sorted(_FIELDS | PARSE_KEYS)}")
     for key in ("context_window", "max_output_tokens"):
         if key in entry and (not isinstance(entry[key], int) or entry[key] < 1):
             raise CatalogError(f"{where}: models.{name}.{key} must be a positive integer")
@@ -130,7 +137,7 @@ def _check_entry(name: str, entry: Any, where: str) -> dict[str, Any]:
     ):
         raise CatalogError(f"{where}: models.{name}.truncation_policy must be "
                            "{mode: tokens|bytes, limit: positive integer}")
-    out = dict(entry)
+    out = {key: value for key, value in entry.items() if key not in PARSE_KEYS}
     for key in ("reasoning_levels", "input_modalities"):
         if key in out:
             out[key] = tuple(out[key])

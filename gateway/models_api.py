@@ -11,6 +11,7 @@ from gateway.apis.anthropic.models_list import model_object, model_page
 from gateway.catalog import ModelCatalog
 from gateway.model_aliases import ModelAliases
 from gateway.parse_client import ParseClient
+from gateway.template_notes import template_card
 from services.api import chat_pb2
 from services.common import errors
 
@@ -28,6 +29,7 @@ def model_card(name: str, info: chat_pb2.ModelInfo, catalog: ModelCatalog | None
         "max_model_len": info.max_model_len,
         **(catalog or ModelCatalog()).profile(info, name).metadata(),
         "aliases": [{"name": alias.name, "pattern": alias.pattern} for alias in aliases or ()],
+        "chat_template": template_card(info),  # what the parse service's template does with the conversation
     }
 
 

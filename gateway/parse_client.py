@@ -15,6 +15,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from gateway.admission import Admission
 from gateway.model_aliases import ModelAliases, Resolution
+from gateway.template_notes import note_request
 from gateway.turn_tracking import TurnTracker
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc
 from services.common import errors, message_reuse
@@ -135,6 +136,7 @@ class ParseClient:
             request = _own(request)  # a resumed stream must keep its id; a continuation is ours alone to set
         message_reuse.strip(request)  # so is what parse holds
         turn = self.turns.begin(request) if self.turns is not None else None
+        note_request(request, self._model)  # tools the model's template does not show: a header and a span mark
         # the messages after those parse holds (None: send it whole; always, to a parse that predates bases)
         short = self.messages.shorten(request) if self._model is not None and self._model.accepts_messages_base \
             else None

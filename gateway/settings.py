@@ -59,7 +59,8 @@ class GatewaySettings(CommonSettings):
     thinking_signature_key: str = option(
         "", "Key signing the Anthropic API's thinking blocks (empty: a random key per process).", secret=True)
     model_catalog: str = option(
-        "", "Model catalog file (YAML or JSON): per-model metadata served by /v1/models (see gateway/catalog.py).",
+        "", "Model catalog file (YAML or JSON): per-model metadata served by /v1/models (see gateway/catalog.py); "
+        "the parse service reads its inline_system, tool_prompt_template and unrendered_tools keys.", shared=True,
         metavar="FILE",
     )
     responses_store: str = option(

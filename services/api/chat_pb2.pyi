@@ -615,6 +615,10 @@ class ModelInfo(_message.Message):
     CREATED_FIELD_NUMBER: _builtins.int
     INPUT_MODALITIES_FIELD_NUMBER: _builtins.int
     ACCEPTS_MESSAGES_BASE_FIELD_NUMBER: _builtins.int
+    INLINE_SYSTEM_FIELD_NUMBER: _builtins.int
+    INLINE_SYSTEM_REASON_FIELD_NUMBER: _builtins.int
+    TOOLS_UNRENDERED_FIELD_NUMBER: _builtins.int
+    TOOL_PROMPT_FIELD_NUMBER: _builtins.int
     served_model_name: _builtins.str
     max_model_len: _builtins.int
     reasoning_parser: _builtins.str
@@ -624,6 +628,16 @@ class ModelInfo(_message.Message):
     """Between gateway and parse only (the gRPC edge clears it): this parse service takes ChatRequest.messages_base,
     so a gateway may send a next turn as its new messages (a parse that predates it gets every message).
     """
+    inline_system: _builtins.str
+    """How the chat template is handed the conversation, decided when parse starts (services/parse/template_forms.py).
+    system messages after the first: "as-is" or "user" (as reminders in user text)
+    """
+    inline_system_reason: _builtins.str
+    """why: a flag, the catalog, or what the start-up probe saw the template do"""
+    tools_unrendered: _builtins.bool
+    """the template does not render tools and no tool prompt does: they reach no model"""
+    tool_prompt: _builtins.str
+    """the tool-prompt template that puts tools in the system message ("": none)"""
     @_builtins.property
     def input_modalities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """from the model's config.json: "text", plus "image" / "audio" """
@@ -638,10 +652,14 @@ class ModelInfo(_message.Message):
         created: _builtins.int = ...,
         input_modalities: _abc.Iterable[_builtins.str] | None = ...,
         accepts_messages_base: _builtins.bool = ...,
+        inline_system: _builtins.str = ...,
+        inline_system_reason: _builtins.str = ...,
+        tools_unrendered: _builtins.bool = ...,
+        tool_prompt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_messages_base", b"accepts_messages_base", "created", b"created", "input_modalities", b"input_modalities", "max_model_len", b"max_model_len", "reasoning_parser", b"reasoning_parser", "served_model_name", b"served_model_name", "tool_parser", b"tool_parser"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_messages_base", b"accepts_messages_base", "created", b"created", "inline_system", b"inline_system", "inline_system_reason", b"inline_system_reason", "input_modalities", b"input_modalities", "max_model_len", b"max_model_len", "reasoning_parser", b"reasoning_parser", "served_model_name", b"served_model_name", "tool_parser", b"tool_parser", "tool_prompt", b"tool_prompt", "tools_unrendered", b"tools_unrendered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

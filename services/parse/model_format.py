@@ -10,7 +10,14 @@ import xxhash
 
 from services.common.errors import ContextLengthError
 from services.common.model_dir import ModelDir
-from services.parse.conversation import Conversation, MessageDicts, ToolDicts, match_text, to_template_input
+from services.parse.conversation import (
+    Conversation,
+    MessageDicts,
+    TemplateInput,
+    ToolDicts,
+    match_text,
+    to_template_input,
+)
 from services.parse.parsers.pipeline import IncrementalDetokenizer, MarkerIds, OutputPipeline, carried_call_ids
 from services.parse.parsers.registry import (
     REASONING_MARKERS,
@@ -23,6 +30,9 @@ from services.parse.parsers.tool_core import ParserContext, new_tool_call_id
 from services.parse.prompt_cache import Build, PromptCache, Reason, Reuse, boundary_tokens
 from services.parse.renderer import ChatTemplateRenderer, Clock
 from services.parse.replay import ReplayPolicy
+from services.parse.template_forms import TemplateForms, new_alnum9_id
+from services.parse.template_probe import decide_forms
+from services.parse.tool_prompts import ToolPrompt
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,10 @@ class ModelFormat:
     Unknown parser names raise ``UnknownParserError`` here, at construction. ``reasoning_replay`` is
     the replay policy (see ``replay.py``); with a reasoning parser, history reasoning is kept by default.
     ``prompt_cache`` tokenizes each session's prompt incrementally (default: one over the model's
-    encoder and boundary tokens, see ``prompt_cache.py``).
+    encoder and boundary tokens, see ``prompt_cache.py``). ``forms`` (default: decided here by probing the
+    template, ``template_probe.py``, with ``inline_system``, ``tool_prompt`` and ``refuse_unrendered_tools``) is
+    what the template is handed instead of the conversation as sent (``template_forms.py``); new tool-call ids
+    take the form the template requires unless ``new_call_id`` is given.
     """
 
     def __init__(
@@ -70,9 +83,14 @@ class ModelFormat:
         strip_billing_header: bool = True,
         reasoning_replay: str = "auto",
         now: Clock | None = None,
-        new_call_id: Callable[[], str] = new_tool_call_id,
+        new_call_id: Callable[[], str] | None = None,
         prompt_cache: PromptCache | None = None,
         render_budget: float | None = None,
+        forms: TemplateForms | None = None,
+        inline_system: str = "auto",
+        tool_prompt: ToolPrompt | None = None,
+        refuse_unrendered_tools: bool = False,
+        inline_system_source: str = "--inline-system",
     ) -> None:
         self.model_dir = model_dir
         self.served_model_name = served_model_name or model_dir.name
@@ -83,7 +101,6 @@ class ModelFormat:
         self._strip_billing = strip_billing_header
         self._reasoning = reasoning_parser_factory(reasoning_parser) if reasoning_parser else None
         self._tools = tool_parser_factory(tool_parser) if tool_parser else None
-        self._new_call_id = new_call_id
         self.markers = MarkerIds(
             model_dir.tokenizer, (*REASONING_MARKERS.get(reasoning_parser, ()), *TOOL_MARKERS.get(tool_parser, ()))
         )
@@ -102,14 +119,23 @@ class ModelFormat:
             encoder.encode, boundary_tokens(model_dir.tokenizer, encoder.encode))
         self.message_dicts = MessageDicts()  # a held conversation's messages are turned into dicts once
         self.tool_dicts = ToolDicts()  # and a tool list's schemas parsed (and encoded by tojson) once
+        self.forms = forms or decide_forms(
+            model_dir.chat_template, self.renderer.render, self._template_input, inline_system=inline_system,
+            tool_prompt=tool_prompt, refuse_unrendered_tools=refuse_unrendered_tools, source=inline_system_source)
+        if new_call_id is None:
+            new_call_id = new_alnum9_id if self.forms.call_ids == "alnum9" else new_tool_call_id
+        self._new_call_id = new_call_id
 
     def render(self, conversation: Conversation) -> str:
+        return self.renderer.render(self.forms.apply(self._template_input(conversation)))
+
+    def _template_input(self, conversation: Conversation) -> TemplateInput:
         strip = conversation.strip_billing_header
-        return self.renderer.render(to_template_input(
+        return to_template_input(
             conversation, strip_billing=self._strip_billing if strip is None else strip,
             arguments_as_text=self.renderer.arguments_as_text, replay=self.replay, memo=self.message_dicts,
             tool_memo=self.tool_dicts,
-        ))
+        )
 
     def build_prompt(self, conversation: Conversation, *, session: str = "") -> Prompt:
         """Render and tokenize like ``apply_chat_template(tokenize=True)``: no extra special tokens.

@@ -26,6 +26,8 @@ from services.parse.renderer import Clock
 from services.parse.router_pool import RouterPool
 from services.parse.service import ParseService
 from services.parse.settings import ParseSettings
+from services.parse.template_catalog import template_policy
+from services.parse.tool_prompts import ToolPrompt, suggested_tool_prompt
 
 log = structlog.get_logger()
 
@@ -55,9 +57,13 @@ class RunningParse:
 
 
 def build_model_format(settings: ParseSettings) -> ModelFormat:
-    """Load the model directory and parsers; unknown parser names or a bad template fail here."""
-    return ModelFormat(
-        load_model_dir(settings.model),
+    """Load the model directory and parsers; unknown parser names or a bad template fail here. The template's
+    forms (``template_forms.py``) are decided here, and logged: one line, and a warning for unrendered tools."""
+    model_dir = load_model_dir(settings.model)
+    policy = template_policy(settings.template_policy(), settings.model_catalog,
+                             settings.served_model_name or model_dir.name)
+    fmt = ModelFormat(
+        model_dir,
         served_model_name=settings.served_model_name,
         max_model_len=settings.max_model_len,
         reasoning_parser=settings.reasoning_parser,
@@ -66,7 +72,29 @@ def build_model_format(settings: ParseSettings) -> ModelFormat:
         reasoning_replay=settings.reasoning_replay,
         now=_fixed_clock(settings.template_clock()),
         render_budget=settings.render_budget_ms / 1000 if settings.render_budget_ms else None,
+        inline_system=policy.inline_system,
+        inline_system_source=policy.inline_system_source,
+        tool_prompt=ToolPrompt.load(policy.tool_prompt_template) if policy.tool_prompt_template else None,
+        refuse_unrendered_tools=policy.unrendered_tools == "refuse",
     )
+    log_template_forms(fmt)
+    return fmt
+
+
+def log_template_forms(fmt: ModelFormat) -> None:
+    """The start-up line of the template's forms, and one warning when the request's tools would reach the model
+    nowhere (the remedy in it)."""
+    forms = fmt.forms
+    log.info("parse.template_forms", model=fmt.served_model_name, **forms.summary(), tools_reason=forms.tools_reason)
+    if forms.tools_unrendered:
+        suggested = suggested_tool_prompt(fmt.model_dir.chat_template)
+        remedy = (f"--tool-prompt-template {suggested} (or the catalog key tool_prompt_template)" if suggested
+                  else "a tool-prompt template (--tool-prompt-template FILE, or the catalog key tool_prompt_template)")
+        log.warning("parse.tools_not_rendered", model=fmt.served_model_name,
+                    refused=forms.refuse_unrendered_tools,
+                    message=f"the chat template does not render tools: requests with tools are "
+                            f"{'refused (400)' if forms.refuse_unrendered_tools else 'served without them'}; "
+                            f"to show them to the model set {remedy}")
 
 
 async def open_prefix_state(settings: ParseSettings) -> tuple[PrefixState, Any]:

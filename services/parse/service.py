@@ -301,6 +301,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             created=self._created,
             input_modalities=input_modalities(fmt.model_dir.config),
             accepts_messages_base=True,
+            **fmt.forms.model_info(),
         )
 
 

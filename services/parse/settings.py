@@ -10,6 +10,7 @@ from services.common.settings import option
 from services.parse.limits import RequestLimits
 from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
 from services.parse.replay import REPLAY_CHOICES
+from services.parse.template_catalog import INLINE_SYSTEM_CHOICES, UNRENDERED_TOOLS_CHOICES, TemplatePolicy
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,23 @@ class ParseSettings(MeshServiceSettings):
     render_budget_ms: int = option(
         1000, "Most milliseconds one chat-template render may take; past it the request gets a 400 naming this "
         "budget (a render holds the GIL: this bounds how long one conversation can slow the service). 0: none.")
+    inline_system: str = option(
+        "auto", "How system messages inside the conversation (not the leading one) reach the chat template: as-is; "
+        "user (as <system-reminder> text joined to the neighbouring user or tool message); auto: user when a start-up "
+        "probe shows the template hoists, drops or refuses them, else as-is. The model catalog's inline_system key "
+        "wins (docs/conversation-mapping.md).", choices=INLINE_SYSTEM_CHOICES)
+    tool_prompt_template: str = option(
+        "", "For a chat template that does not render tools: a tool-prompt template (built-in deepseek-r1, "
+        "deepseek-v3.1, or a Jinja file) that puts them in the system message (empty: none). The catalog's "
+        "tool_prompt_template key wins.", metavar="NAME|FILE")
+    unrendered_tools: str = option(
+        "warn", "A request with tools for a chat template that does not render them (and no tool prompt): warn "
+        "(served, marked by a response header and span attribute) or refuse (400). The catalog's unrendered_tools "
+        "key wins.", choices=UNRENDERED_TOOLS_CHOICES)
+    model_catalog: str = option(
+        "", "Model catalog file (YAML or JSON): per-model metadata served by /v1/models (see gateway/catalog.py); "
+        "the parse service reads its inline_system, tool_prompt_template and unrendered_tools keys.", shared=True,
+        metavar="FILE")
     template_now: str = option(
         "", "Pin the chat template clock (strftime_now) to this ISO time, e.g. 2026-01-15T09:30:00 "
         "(empty: the real clock). A prompt that changes at midnight is a prefix-cache miss.", metavar="ISO")
@@ -74,6 +92,10 @@ class ParseSettings(MeshServiceSettings):
     def template_clock(self) -> datetime | None:
         """The pinned template time, or None for the real clock."""
         return datetime.fromisoformat(self.template_now) if self.template_now else None
+
+    def template_policy(self) -> TemplatePolicy:
+        """The template options as flags set them (the catalog is applied once the served name is known)."""
+        return TemplatePolicy(self.inline_system, self.tool_prompt_template, self.unrendered_tools)
 
     def request_limits(self) -> RequestLimits:
         """The shape limits every request is checked against (``limits.py``)."""
