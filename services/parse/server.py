@@ -25,7 +25,7 @@ from services.parse.prefix_state import JetStreamPrefixState, LocalPrefixState, 
 from services.parse.renderer import Clock
 from services.parse.router_pool import RouterPool
 from services.parse.service import ParseService
-from services.parse.settings import ParseSettings
+from services.parse.settings import ParseSettings, chosen_parser
 
 log = structlog.get_logger()
 
@@ -55,13 +55,15 @@ class RunningParse:
 
 
 def build_model_format(settings: ParseSettings) -> ModelFormat:
-    """Load the model directory and parsers; unknown parser names or a bad template fail here."""
+    """Load the model directory and parsers (the flags', else the directory's ``harnessmesh.json``); unknown
+    parser names or a bad template fail here."""
+    model = load_model_dir(settings.model)
     return ModelFormat(
-        load_model_dir(settings.model),
-        served_model_name=settings.served_model_name,
+        model,
+        served_model_name=settings.served_model_name or model.serving.served_model_name,
         max_model_len=settings.max_model_len,
-        reasoning_parser=settings.reasoning_parser,
-        tool_parser=settings.tool_parser,
+        reasoning_parser=chosen_parser(settings.reasoning_parser, model.serving.reasoning_parser),
+        tool_parser=chosen_parser(settings.tool_parser, model.serving.tool_parser),
         strip_billing_header=settings.strip_billing_header,
         reasoning_replay=settings.reasoning_replay,
         now=_fixed_clock(settings.template_clock()),
