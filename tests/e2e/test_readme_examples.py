@@ -1,5 +1,5 @@
 """The README's first run, as a new user does it: the mesh started by the README's own `harnessmesh up` line
-(no flags: the demo model names its own parsers, and its script answers), and every command of its Examples
+(no flags: the demo model names its own parsers, and its script answers), and every command of its tour
 block, read out of README.md, checked against what the README says they print. The gateway's access line is
 read from the same mesh's JSON log."""
 
@@ -39,8 +39,8 @@ def first_command_args() -> list[str]:
 
 
 def example_commands() -> list[list[str]]:
-    """Each command of the Examples section's block, split as bash would (comment lines dropped)."""
-    section = README.split("## Examples\n", 1)[1].split("\n## ", 1)[0]
+    """Each command of the five-minute tour's block, split as bash would (comment lines dropped)."""
+    section = README.split("## A five-minute tour\n", 1)[1].split("\n## ", 1)[0]
     (block,) = _bash_blocks(section)
     commands: list[str] = []
     for line in block.splitlines():
