@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.launcher.live_mesh import LiveMeshConfig, live_mesh
 from services.replay.live import replay_live
-from services.replay.live_mesh import LiveMeshConfig, live_mesh
 from services.replay.metrics import ReplayResult
 from services.replay.sim_worker import SimWorkerConfig
 from services.replay.simulator import ReplayConfig, replay

@@ -75,3 +75,50 @@ def test_a_collector_that_is_down_logs_one_json_line_not_retry_lines(tmp_path: P
     assert failed[0]["level"] == "warning" and failed[0]["service"] == "probe" and "127.0.0.1" in failed[0]["detail"]
     plain = [p for p in parsed if p["event"] == "plain stdlib"]
     assert plain and plain[0]["logger"] == "some.library" and plain[0]["level"] == "warning"
+
+
+LOG_ONE_LINE = (
+    "import sys; from services.common.logging import configure_logging; import structlog; "
+    "configure_logging('svc', 'info', sys.argv[1]); structlog.get_logger().info('hello.line', answer=42)"
+)
+
+
+def _stderr_of(fmt: str, *, terminal: bool) -> str:
+    """What a process configured with ``--log-format fmt`` writes on a stderr that is a pty or a pipe."""
+    import pty
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if not terminal:
+        done = subprocess.run([sys.executable, "-c", LOG_ONE_LINE, fmt], capture_output=True, text=True,
+                              timeout=60, env=env, cwd=REPO, check=True)
+        return done.stderr
+    primary, secondary = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-c", LOG_ONE_LINE, fmt], stderr=secondary, stdout=subprocess.DEVNULL,
+                              timeout=60, env=env, cwd=REPO, check=True)
+        assert proc.returncode == 0
+        os.close(secondary)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the writer's side is closed and everything was read
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(primary)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.parametrize(("fmt", "terminal", "human"), [
+    ("auto", True, True), ("auto", False, False), ("json", True, False), ("console", False, True)])
+def test_log_format_auto_is_console_on_a_terminal_and_json_elsewhere(fmt: str, terminal: bool, human: bool) -> None:
+    text = _stderr_of(fmt, terminal=terminal)
+    line = next(line for line in text.splitlines() if "hello.line" in line)
+    if human:
+        assert not line.lstrip().startswith("{") and "answer" in line and "42" in line, line
+    else:
+        event = json.loads(line)
+        assert (event["event"], event["answer"], event["service"]) == ("hello.line", 42, "svc")

@@ -36,6 +36,7 @@ def test_wheel_carries_the_demo_model_and_generated_code(tmp_path: Path) -> None
         "services/common/demo_model/chat_template.jinja",
         "services/common/demo_model/config.json",
         "services/common/demo_model/mocker_script.jsonl",  # the built-in demo script (README's first run)
+        "services/common/demo_model/harnessmesh.json",  # its parsers: `harnessmesh up` needs no flags
         "services/api/chat_pb2.py",
         "services/launcher/cli.py",
         "gateway/__main__.py",

@@ -6,7 +6,9 @@ The demo model is a byte-level BPE tokenizer trained here on a small synthetic c
 special tokens of a Qwen3-style format; its ChatML/Qwen3-style chat template, written for this
 project, is kept in the model directory itself (``demo_model/chat_template.jinja``), and so is the
 mocker script served when ``harnessmesh up`` gets no ``--script`` (``demo_model/mocker_script.jsonl``: the
-README's examples). It carries no weights: the mocker engine needs only the tokenizer and the template. The
+README's examples). Its ``harnessmesh.json`` names how to serve it (served as ``demo``, Qwen3 reasoning and
+Hermes tool-call parsers: the markers its template and script use), so ``harnessmesh up`` needs no flags.
+It carries no weights: the mocker engine needs only the tokenizer and the template. The
 output is committed; rerunning this script reproduces it.
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from services.common.model_dir import DEMO_MODEL_DIR
+from services.common.model_dir import DEMO_MODEL_DIR, SERVING_FILE
 
 VOCAB_SIZE = 4096
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -82,6 +84,8 @@ CHAT_TEMPLATE = DEMO_MODEL_DIR / "chat_template.jinja"
 # Likewise the mocker script `harnessmesh up` serves without --script (the README's examples).
 MOCKER_SCRIPT = DEMO_MODEL_DIR / "mocker_script.jsonl"
 HAND_WRITTEN = (CHAT_TEMPLATE, MOCKER_SCRIPT)
+# How the demo is served without flags (services/common/model_dir.py: ServingDefaults)
+SERVING = {"served_model_name": "demo", "reasoning_parser": "qwen3", "tool_parser": "hermes"}
 
 
 def main() -> None:
@@ -113,6 +117,7 @@ def main() -> None:
         "eos_token_id": eos,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / SERVING_FILE).write_text(json.dumps(SERVING, indent=2) + "\n")
     print(f"wrote demo model to {out}")
 
 

@@ -1,5 +1,8 @@
 """structlog set up once per process: JSON lines to stderr, correlated with the current trace.
 
+``--log-format auto`` (the default) writes JSON lines unless stderr is a terminal, where a person reads
+them: then structlog's console format (``console`` asks for it anywhere, ``json`` for JSON on a terminal).
+
 Every line logged while a request is current carries ``trace_id``/``span_id`` and the request's
 identity (``session_id``, ``trajectory_id``, ``harness``): from the baggage that crossed the gRPC hop,
 or from the current span's attributes (the gateway's root span, before any baggage exists).
@@ -24,6 +27,7 @@ from opentelemetry import trace
 
 from services.common.tracing import IDENTITY_KEYS, current_identity
 
+LOG_FORMATS = ("auto", "json", "console")
 _LOG_NAMES = {"session.id": "session_id", "trajectory.id": "trajectory_id", "harness.name": "harness"}
 EXPORT_FAILURE_INTERVAL = 300.0  # seconds between two tracing.export_failed lines
 _EXPORTER_LOGGERS = "opentelemetry.exporter"
@@ -100,13 +104,27 @@ class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The stderr handler ``configure_logging`` installs on the root logger (replaced by a second call)."""
 
 
+def resolved_format(fmt: str, stream: Any = None) -> str:
+    """``json`` or ``console``: ``auto`` is console when ``stream`` (stderr) is a terminal, else json."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"unknown log format {fmt!r}; valid: {', '.join(LOG_FORMATS)}")
+    if fmt != "auto":
+        return fmt
+    isatty = getattr(stream if stream is not None else sys.stderr, "isatty", None)
+    return "console" if isatty is not None and isatty() else "json"
+
+
 def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
-    """Route structlog and stdlib logging to stderr as JSON (or console) with trace ids."""
+    """Route structlog and stdlib logging to stderr as JSON or console lines (``fmt``: :func:`resolved_format`)
+    with trace ids."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
+    on_terminal = fmt == "auto"
+    fmt = resolved_format(fmt)
     renderer: Any = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer() if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=on_terminal)  # colours only where auto found a terminal
     )
     shared: list[Any] = [
         structlog.processors.add_log_level,

@@ -4,6 +4,10 @@ Accepted layout (any HF model repo has it): ``tokenizer.json``, ``tokenizer_conf
 template inside it, or in ``chat_template.jinja``), optional ``config.json`` and
 ``generation_config.json``. The repo's demo model (``services/common/demo_model``) is the default.
 
+A directory may also carry ``harnessmesh.json`` (:data:`SERVING_FILE`): how to serve it when the flags do not
+say, ``{"served_model_name": ..., "reasoning_parser": ..., "tool_parser": ...}`` (each optional; the parse
+service reads it, and its flags override it). The demo model's names its Qwen3-style parsers.
+
 Prompt encoding (``ModelDir.encoder``, built on first use: workers never pay for it) goes through
 ``fastokens`` (the Rust tokenizer Dynamo and vLLM adopted: ~100x faster than ``tokenizers`` on a
 100k-token prompt), checked at load against ``tokenizers`` on probe texts built from the model's own
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +29,7 @@ from tokenizers import Tokenizer
 from services.common.errors import InvalidRequestError
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
+SERVING_FILE = "harnessmesh.json"  # a model directory's serving defaults (ServingDefaults)
 
 
 def _log() -> Any:
@@ -51,6 +56,28 @@ def _token_text(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
+class ServingDefaults:
+    """How a model directory asks to be served (its ``harnessmesh.json``); empty: not said, the flags decide.
+
+    Parser names are checked by the parse service against its registry, like the flags'."""
+
+    served_model_name: str = ""
+    reasoning_parser: str = ""
+    tool_parser: str = ""
+
+    @classmethod
+    def read(cls, path: Path) -> ServingDefaults:
+        data = _read_json(path)
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ModelDirError(f"{str(path)!r}: unknown keys {sorted(unknown)}")
+        bad = [key for key, value in data.items() if not isinstance(value, str)]
+        if bad:
+            raise ModelDirError(f"{str(path)!r}: {', '.join(sorted(bad))} must be strings")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class ModelDir:
     """Everything the mesh needs from a model directory, loaded once at start."""
 
@@ -61,6 +88,7 @@ class ModelDir:
     eos_token_ids: tuple[int, ...]          # ids that end generation
     max_model_len: int
     config: dict[str, Any] = field(default_factory=dict)
+    serving: ServingDefaults = ServingDefaults()
 
     @property
     def name(self) -> str:
@@ -178,7 +206,15 @@ def load_model_dir(path: str | Path | None) -> ModelDir:
         eos_token_ids=tuple(eos_ids),
         max_model_len=max_len,
         config=config,
+        serving=ServingDefaults.read(root / SERVING_FILE),
     )
+
+
+def served_name(model: str | Path | None, flag: str = "") -> str:
+    """The model's name to clients, without loading its tokenizer: ``flag`` (``--served-model-name``), else
+    the directory's ``harnessmesh.json``, else the directory's name (as the parse service decides it)."""
+    root = Path(model) if model else DEMO_MODEL_DIR
+    return flag or ServingDefaults.read(root / SERVING_FILE).served_model_name or root.name
 
 
 def _read_json(path: Path) -> dict[str, Any]:

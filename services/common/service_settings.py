@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.logging import LOG_FORMATS
 from services.common.mux import DEFAULT_LINGER
 from services.common.settings import option
 from services.common.tls import TlsFiles
@@ -34,8 +35,8 @@ class ProcessSettings:
     """Logging and namespace options shared by every process of the mesh, the launcher included."""
 
     log_level: str = option("info", "Log level.", shared=True, choices=LOG_LEVELS)
-    log_format: str = option("json", "Log format: json lines or human-readable console.", shared=True,
-                             choices=("json", "console"))
+    log_format: str = option("auto", "Log format: json lines, human-readable console, or auto: console when "
+                             "stderr is a terminal, else json.", shared=True, choices=LOG_FORMATS)
     namespace: str = option("default", "Mesh namespace: scopes NATS subjects so meshes can share a NATS.",
                             shared=True)
     tls_cert: str = option("", "PEM certificate of this process for mutual TLS on every gRPC hop and on NATS "

@@ -67,8 +67,8 @@ def run(ns: argparse.Namespace) -> int:
 
 
 async def _replay_live_mesh(s: ReplaySettings, mode: str, trace: list[TraceRequest]) -> ReplayResult:
+    from services.launcher.live_mesh import LiveMeshConfig, live_mesh
     from services.replay.live import replay_live
-    from services.replay.live_mesh import LiveMeshConfig, live_mesh
 
     config = LiveMeshConfig(
         workers=s.workers, mode=mode, worker=s.worker(), overlap_weight=s.overlap_weight,

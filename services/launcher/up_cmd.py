@@ -1,8 +1,9 @@
 """``harnessmesh up``: start the whole mesh locally (no Docker).
 
 ``harnessmesh up`` starts nats-server (unless ``--nats-url`` is given), the router, N workers, the
-parse service and the gateway as separate processes; waits until each is healthy; prints the
-endpoints (and one JSON ``mesh.ready`` line); and stops everything on Ctrl-C / SIGTERM. It exits
+parse service and the gateway as separate processes; waits until each is healthy; prints a banner
+(endpoints, metrics and trace links, commands to try: :mod:`services.launcher.banner`) and one JSON
+``mesh.ready`` line; and stops everything on Ctrl-C / SIGTERM. It exits
 non-zero if any child dies. Every option of every service is also an option here (same flag, same
 env var) and is passed on to the services that have it.
 """
@@ -18,7 +19,9 @@ from typing import Any
 import structlog
 
 from services.common.logging import configure_logging
+from services.common.model_dir import served_name
 from services.common.settings import add_arguments, settings_from_namespace
+from services.launcher.banner import banner
 from services.launcher.mesh import Mesh, ready_line
 from services.launcher.settings import UpSettings
 from services.launcher.specs import ALL_SERVICES, is_exposed
@@ -76,10 +79,8 @@ async def run_up(launcher: UpSettings, values: dict[str, Any]) -> int:
             return 0
         stopper.cancel()
         endpoints = start.result()
-        print(f"harnessmesh is up\n  HTTP (OpenAI API):     {endpoints.http}/v1\n"
-              f"  gRPC AgentService:     {endpoints.grpc}\n  NATS:                  {endpoints.nats}\n"
-              f"  workers:               {', '.join(endpoints.workers)}\n"
-              f"  Prometheus /metrics:   {', '.join(f'{k} {v}' for k, v in endpoints.metrics.items())}", flush=True)
+        model = served_name(values.get("model") or "", str(values.get("served_model_name") or ""))
+        print(banner(endpoints, model, launcher.workers, os.environ), flush=True)
         print(ready_line(endpoints), flush=True)
         return await mesh.watch(stop)
     except (RuntimeError, TimeoutError, OSError, ValueError) as exc:

@@ -25,7 +25,7 @@ from services.parse.prefix_state import JetStreamPrefixState, LocalPrefixState, 
 from services.parse.renderer import Clock
 from services.parse.router_pool import RouterPool
 from services.parse.service import ParseService
-from services.parse.settings import ParseSettings
+from services.parse.settings import ParseSettings, chosen_parser
 from services.parse.template_catalog import template_policy
 from services.parse.tool_prompts import ToolPrompt, suggested_tool_prompt
 
@@ -57,17 +57,18 @@ class RunningParse:
 
 
 def build_model_format(settings: ParseSettings) -> ModelFormat:
-    """Load the model directory and parsers; unknown parser names or a bad template fail here. The template's
-    forms (``template_forms.py``) are decided here, and logged: one line, and a warning for unrendered tools."""
-    model_dir = load_model_dir(settings.model)
-    policy = template_policy(settings.template_policy(), settings.model_catalog,
-                             settings.served_model_name or model_dir.name)
+    """Load the model directory and parsers (the flags', else the directory's ``harnessmesh.json``); unknown
+    parser names or a bad template fail here. The template's forms (``template_forms.py``) are decided here, and
+    logged: one line, and a warning for unrendered tools."""
+    model = load_model_dir(settings.model)
+    served_model_name = settings.served_model_name or model.serving.served_model_name
+    policy = template_policy(settings.template_policy(), settings.model_catalog, served_model_name or model.name)
     fmt = ModelFormat(
-        model_dir,
-        served_model_name=settings.served_model_name,
+        model,
+        served_model_name=served_model_name,
         max_model_len=settings.max_model_len,
-        reasoning_parser=settings.reasoning_parser,
-        tool_parser=settings.tool_parser,
+        reasoning_parser=chosen_parser(settings.reasoning_parser, model.serving.reasoning_parser),
+        tool_parser=chosen_parser(settings.tool_parser, model.serving.tool_parser),
         strip_billing_header=settings.strip_billing_header,
         reasoning_replay=settings.reasoning_replay,
         now=_fixed_clock(settings.template_clock()),

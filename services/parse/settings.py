@@ -12,6 +12,15 @@ from services.parse.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
 from services.parse.replay import REPLAY_CHOICES
 from services.parse.template_catalog import INLINE_SYSTEM_CHOICES, UNRENDERED_TOOLS_CHOICES, TemplatePolicy
 
+NO_PARSER = "none"  # a parser flag's value that turns off the parser a model directory names
+
+
+def chosen_parser(flag: str, model_default: str) -> str:
+    """The parser in effect: the flag's, else the model directory's; ``none`` is no parser ("")."""
+    if flag == NO_PARSER:
+        return ""
+    return flag or model_default
+
 
 @dataclass(frozen=True)
 class ParseSettings(MeshServiceSettings):
@@ -27,12 +36,15 @@ class ParseSettings(MeshServiceSettings):
         30.0, "Seconds between two resolutions of the dns:/// router names (also resolved at once when every router "
         "is down); 0: only then.")
     model: str = option("", "Hugging Face model directory (empty: the repo's demo model).", shared=True)
-    served_model_name: str = option("", "Model name reported to clients (empty: the model directory's name).",
-                                    shared=True)
-    reasoning_parser: str = option("", "Reasoning parser of the model's output (empty: none).", shared=True,
-                                   choices=("", *REASONING_PARSERS))
-    tool_parser: str = option("", "Tool-call parser of the model's output (empty: none).", shared=True,
-                              choices=("", *TOOL_PARSERS))
+    served_model_name: str = option(
+        "", "Model name reported to clients (empty: the model directory's harnessmesh.json names it, else the "
+        "directory's name).", shared=True)
+    reasoning_parser: str = option(
+        "", "Reasoning parser of the model's output (empty: the one the model directory's harnessmesh.json names, "
+        "if any; none: no parser).", shared=True, choices=("", NO_PARSER, *REASONING_PARSERS))
+    tool_parser: str = option(
+        "", "Tool-call parser of the model's output (empty: the one the model directory's harnessmesh.json names, "
+        "if any; none: no parser).", shared=True, choices=("", NO_PARSER, *TOOL_PARSERS))
     max_model_len: int = option(0, "Context length in tokens (0: from the model's config); the parse service "
                                 "and the workers both use it.", shared=True)
     router_retry: float = option(
@@ -135,7 +147,7 @@ class ParseSettings(MeshServiceSettings):
         for name in ("max_messages", "max_tools", "max_message_parts", "max_text_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
-        if self.reasoning_parser and self.reasoning_parser not in REASONING_PARSERS:
+        if self.reasoning_parser not in ("", NO_PARSER, *REASONING_PARSERS):
             raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r}; valid: {sorted(REASONING_PARSERS)}")
-        if self.tool_parser and self.tool_parser not in TOOL_PARSERS:
+        if self.tool_parser not in ("", NO_PARSER, *TOOL_PARSERS):
             raise ValueError(f"unknown tool parser {self.tool_parser!r}; valid: {sorted(TOOL_PARSERS)}")

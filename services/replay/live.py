@@ -3,7 +3,7 @@
 The schedule is the simulator's: arrival ``i`` at ``(timestamp_i - timestamp_0) / speedup`` ms of simulated
 time. ``compression`` maps simulated time to wall time (one wall second is ``compression`` simulated
 seconds): arrivals are sent ``compression`` times sooner, the workers must run their timing model with
-``--speedup compression`` (:mod:`live_mesh` starts them so), and every time measured on the client is
+``--speedup compression`` (:mod:`services.launcher.live_mesh` starts them so), and every time measured on the client is
 multiplied back by ``compression``. The results are then in the simulator's units and directly comparable.
 
 Each request is the trace's synthetic prompt (:meth:`TraceRequest.tokens`, the simulator's tokens) and asks

@@ -80,7 +80,18 @@ class Engine(Protocol):
         """End a request now; its stream finishes with ``finish_reason="cancelled"``."""
 
     async def close(self) -> None:
-        """Abort every request and stop the loop."""
+        """Abort every request (each stream ends with ``finish_reason="cancelled"``) and stop the loop.
+
+        Lifecycle guarantees every engine keeps (the conformance suite checks them):
+
+        - idempotent: a second ``close()`` is a no-op;
+        - null-safe: ``close()`` on an engine whose ``start()`` never ran, or raised part way, releases
+          whatever exists and raises nothing (the worker's start-up closes the engine on any failure);
+        - never concurrent with ``start()``: the caller awaits ``start()`` (or its failure) before closing,
+          so an engine need not guard against the two overlapping.
+
+        After ``close()``, ``generate`` is refused and ``kv_events`` subscriptions end.
+        """
 
     def kv_events(self) -> AsyncIterator[list[KvEvent]]:
         """Subscribe (immediately, on call) to KV events; each item is everything since the last read."""

@@ -1,7 +1,7 @@
 """The README's first run, as a new user does it: the mesh started by the README's own `harnessmesh up` line
-(no ``--script``: the demo model's script answers), and every command of its Examples block, read out of
-README.md, checked against what the README says they print. The gateway's access line is read from the
-same mesh's JSON log."""
+(no flags: the demo model names its own parsers, and its script answers), and every command of its tour
+block, read out of README.md, checked against what the README says they print. The gateway's access line is
+read from the same mesh's JSON log."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def first_command_args() -> list[str]:
 
 
 def example_commands() -> list[list[str]]:
-    """Each command of the Examples section's block, split as bash would (comment lines dropped)."""
-    section = README.split("## Examples\n", 1)[1].split("\n## ", 1)[0]
+    """Each command of the five-minute tour's block, split as bash would (comment lines dropped)."""
+    section = README.split("## A five-minute tour\n", 1)[1].split("\n## ", 1)[0]
     (block,) = _bash_blocks(section)
     commands: list[str] = []
     for line in block.splitlines():
@@ -115,7 +115,7 @@ def test_the_readme_runs_the_examples_this_test_checks() -> None:
     kinds = [(c[0], Curl.parse(c).path if c[0] == "curl" else c[1]) for c in commands]
     assert kinds == [("curl", "/v1/chat/completions"), ("curl", "/v1/chat/completions"), ("curl", "/v1/messages"),
                      ("curl", "/v1/responses"), ("curl", "/tokenize"), ("python", "examples/agent_tool_loop.py")]
-    assert first_command_args()[:2] == ["--workers", "2"]
+    assert first_command_args() == []  # `harnessmesh up` with no flags: the demo model names its own parsers
 
 
 async def test_readme_examples_show_what_the_readme_says(mesh: RunningMesh) -> None:
@@ -155,10 +155,12 @@ async def test_readme_examples_show_what_the_readme_says(mesh: RunningMesh) -> N
     assert blocks == ["thinking", "text"]
     assert [data["delta"]["stop_reason"] for name, data in events if name == "message_delta"] == ["end_turn"]
 
-    # 4. Responses: reasoning and text, ending response.completed
+    # 4. Responses: reasoning and text (the script's greeting), ending response.completed
     names = [name for name, _ in _sse(responses)]
     assert names[-1] == "response.completed" and "response.incomplete" not in names
     assert "response.reasoning_text.delta" in names and "response.output_text.delta" in names
+    text = "".join(data["delta"] for name, data in _sse(responses) if name == "response.output_text.delta")
+    assert text.startswith("Hello!"), text
 
     # 5. token ids and the context length
     tokens = json.loads(tokenize)

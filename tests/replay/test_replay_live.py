@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from services.launcher.live_mesh import LiveMeshConfig, live_mesh
 from services.replay.live import replay_live
-from services.replay.live_mesh import LiveMeshConfig, live_mesh
 from services.replay.metrics import ReplayResult
 from services.replay.sim_worker import SimWorkerConfig
 from services.replay.simulator import Replay, ReplayConfig

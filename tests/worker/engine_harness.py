@@ -86,7 +86,7 @@ def fold(events: list[KvEvent]) -> set[int]:
 
 
 async def build(kind: str, model_path: Path, runners: dict[str, Any], *, num_blocks: int = 512,
-                block_size: int = 16, max_tokens_default: int = 64) -> Harness:
+                block_size: int = 16, max_tokens_default: int = 64, start: bool = True) -> Harness:
     model = load_model_dir(model_path)
     engine: Any
     real: Callable[[], set[int]]
@@ -128,7 +128,8 @@ async def build(kind: str, model_path: Path, runners: dict[str, Any], *, num_blo
             events.extend(batch)
 
     task = asyncio.create_task(collect())
-    await engine.start()
+    if start:
+        await engine.start()
     return Harness(engine, real, events, task, on_close)
 
 

@@ -193,6 +193,28 @@ async def test_cached_tokens_in_usage(make: Make) -> None:
     assert outs[-1].usage is not None and outs[-1].usage.cached_tokens == 48  # one token is always computed
 
 
+async def test_close_is_idempotent_and_ends_every_stream(make: Make) -> None:
+    """The ``Engine.close`` docstring's guarantees: streams end cancelled, a second close is a no-op, then
+    ``generate`` is refused and the KV event subscription ends."""
+    h = await make()
+    outs: list[EngineOutput] = []
+    stream = h.engine.generate(EngineRequest("cl", prompt(40), max_tokens=10_000, ignore_eos=True))
+    outs.append(await anext(stream))
+    await h.engine.close()
+    await h.engine.close()
+    outs.extend([out async for out in stream])
+    assert outs[-1].finish_reason == "cancelled"
+    with pytest.raises(Exception):  # noqa: B017 (each engine names its refusal; any error refuses)
+        await collect(h.engine, EngineRequest("late", prompt(40), max_tokens=4))
+    await asyncio.wait_for(h._task, 5)  # the subscription ended: its consumer returned
+
+
+async def test_close_without_start_is_a_no_op(make: Make) -> None:
+    h = await make(start=False)
+    await h.engine.close()
+    await h.engine.close()
+
+
 async def test_concurrent_requests_all_complete(make: Make) -> None:
     h = await make()
     reqs = [EngineRequest(f"p{i}", prompt(30, 1000 * (i + 1)), max_tokens=10, ignore_eos=True) for i in range(3)]

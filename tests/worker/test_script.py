@@ -25,6 +25,15 @@ def test_any_message_since_the_last_assistant_matches_but_no_match_spans_two() -
     assert Script.parse('{"match": "0ok", "completion": "x"}').lookup("code 0\x1eok") is None
 
 
+def test_a_message_line_matches_a_whole_message_only() -> None:
+    """``"message"``: a greeting matches the message "Hi!" but not "this" or "hi there" (no substring match)."""
+    script = Script.parse('{"message": ["hi", "hello"], "completion": "greet"}\n{"match": "", "completion": "else"}')
+    for greeting in ("hi", " Hi! ", "HELLO.", "tool output\x1ehello?"):
+        assert script.lookup(greeting).completion == "greet", greeting  # type: ignore[union-attr]
+    for other in ("this", "hi there", "philosophy", "hi\nthere", ""):
+        assert script.lookup(other).completion == "else", other  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
@@ -32,6 +41,9 @@ def test_any_message_since_the_last_assistant_matches_but_no_match_spans_two() -
         ('["a"]\n', "s.jsonl:1: expected an object"),
         ('{"match": "a", "completion": 3}\n', "s.jsonl:1: 'match' and 'completion' must be strings"),
         ('{"match": "a", "completion": "b", "extra": 1}\n', "s.jsonl:1: unknown keys"),
+        ('{"message": "hi", "completion": "b"}\n', "s.jsonl:1: 'message' must be a list of non-empty strings"),
+        ('{"message": [""], "completion": "b"}\n', "s.jsonl:1: 'message' must be a list of non-empty strings"),
+        ('{"match": "a", "message": ["hi"], "completion": "b"}\n', "s.jsonl:1: give 'match' or 'message'"),
     ],
 )
 def test_bad_script_names_file_and_line(tmp_path: Path, text: str, needle: str) -> None:
@@ -51,6 +63,8 @@ def test_without_script_the_model_directorys_own_is_used_and_script_replaces_it(
     assert demo is not None and demo.path.endswith(MODEL_SCRIPT_NAME)
     assert demo.lookup("What is the weather in Paris?") is not None
     assert demo.lookup("Paris: 22 degrees, sunny") is not None
+    assert demo.lookup("hi") is not None and demo.lookup("Hello!") is not None  # a greeting gets an answer
+    assert demo.lookup("this and that") is None
     assert demo.lookup("word " * 100) is None  # no catch-all: other prompts get filler text
     own = tmp_path / "own.jsonl"
     own.write_text('{"match": "", "completion": "mine"}\n')

@@ -2,7 +2,9 @@
 
 Script file (``--script FILE``): JSON lines ``{"match": "...", "completion": "..."}``. The first line
 whose ``match`` is a substring of the request's ``match_text`` wins (an empty ``match`` matches
-everything, so it works as a default). ``match_text`` is every user and tool message since the last
+everything, so it works as a default). A line with ``"message": ["hi", "hello"]`` instead of ``match``
+wins when one whole message equals one of them, case and surrounding whitespace and ``!.?`` ignored (a
+greeting: as a substring, "hi" would match "this"). ``match_text`` is every user and tool message since the last
 assistant message, separated by ``\x1e`` (so a ``match`` never spans two messages): a harness that
 appends its own user message after the tool results (OpenClaw) still gets the tool results' line.
 ``completion`` is raw model text, tokenized with the model's tokenizer and followed by EOS. Blank
@@ -32,6 +34,19 @@ class ScriptEntry:
     match: str
     completion: str
     line: int
+    messages: frozenset[str] = frozenset()  # whole messages (normalised) that pick this line, instead of match
+
+    def matches(self, match_text: str) -> bool:
+        if self.messages:
+            return any(_normalised(m) in self.messages for m in match_text.split(MESSAGE_SEPARATOR))
+        return self.match in match_text
+
+
+MESSAGE_SEPARATOR = "\x1e"  # between the messages of a request's match_text (services/parse/conversation.py)
+
+
+def _normalised(message: str) -> str:
+    return message.strip().rstrip("!.?").strip().casefold()
 
 
 @dataclass(frozen=True)
@@ -63,19 +78,23 @@ class Script:
                 raise ScriptError(f"{where}: not valid JSON: {exc.msg}") from exc
             if not isinstance(obj, dict):
                 raise ScriptError(f"{where}: expected an object with 'match' and 'completion'")
-            match, completion = obj.get("match", ""), obj.get("completion")
+            match, completion, messages = obj.get("match", ""), obj.get("completion"), obj.get("message", [])
             if not isinstance(match, str) or not isinstance(completion, str):
                 raise ScriptError(f"{where}: 'match' and 'completion' must be strings")
-            unknown = set(obj) - {"match", "completion"}
+            if not isinstance(messages, list) or not all(isinstance(m, str) and m.strip() for m in messages):
+                raise ScriptError(f"{where}: 'message' must be a list of non-empty strings")
+            if messages and "match" in obj:
+                raise ScriptError(f"{where}: give 'match' or 'message', not both")
+            unknown = set(obj) - {"match", "message", "completion"}
             if unknown:
                 raise ScriptError(f"{where}: unknown keys {sorted(unknown)}")
-            entries.append(ScriptEntry(match, completion, lineno))
+            entries.append(ScriptEntry(match, completion, lineno, frozenset(_normalised(m) for m in messages)))
         return cls(tuple(entries), path)
 
     def lookup(self, match_text: str) -> ScriptEntry | None:
-        """The first entry whose ``match`` occurs in ``match_text``."""
+        """The first entry whose ``match`` occurs in ``match_text`` (or one of whose ``message`` is a message)."""
         for entry in self.entries:
-            if entry.match in match_text:
+            if entry.matches(match_text):
                 return entry
         return None
 
