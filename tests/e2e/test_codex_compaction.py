@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from tests.support.harness import (
-    RecordingProxy,
     Recorded,
+    RecordingProxy,
     client_binary,
     configure_codex,
     offline_harness_marks,
