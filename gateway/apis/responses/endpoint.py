@@ -20,7 +20,7 @@ from gateway.boundary import new_request_id
 from gateway.catalog import ModelCatalog
 from gateway.parse_client import ParseClient
 from gateway.signing import SigningKey
-from gateway.streaming import TYPED, TurnEndpoint, annotate_span, read_json
+from gateway.streaming import TYPED, JsonBody, TurnEndpoint, annotate_span, read_json
 from services.api import chat_pb2
 from services.common import errors
 
@@ -83,18 +83,9 @@ class ResponsesApi:
         body = await json_body.validate(ResponsesRequest)
         public, info = await self._parse.resolve_model(body.model)
         if compaction.ends_with_trigger(body.input):
-            return await self._compact(request, body, raw, public, info, v1=False)
+            return await self._compact(request, json_body, body, public, info, v1=False)
         tools_json = self.session_tools.tools_for(body.tools, body.prompt_cache_key, request.headers)
-        history: tuple[chat_pb2.Message, ...] = ()
-        if body.previous_response_id:
-            stored = await self._store.get(body.previous_response_id)
-            if stored is None:
-                raise errors.InvalidRequestError(
-                    f"Previous response with id '{body.previous_response_id}' not found "
-                    f"({self._store.where}).",
-                    param="previous_response_id",
-                )
-            history = stored.conversation
+        history = await self._history(body)
         response_id = new_request_id(request, "resp_")
         converted = await json_body.run(lambda: chat_request(
             body, request.headers, history, model=info.served_model_name, request_id=response_id,
@@ -111,26 +102,39 @@ class ResponsesApi:
         return await self._endpoint.respond(request, self._parse.chat(converted.chat), encoder,
                                             streaming=body.stream, on_complete=remember)
 
+    async def _history(self, body: ResponsesRequest) -> tuple[chat_pb2.Message, ...]:
+        """The stored conversation ``previous_response_id`` names (none without one; unknown: a 400)."""
+        if not body.previous_response_id:
+            return ()
+        stored = await self._store.get(body.previous_response_id)
+        if stored is None:
+            raise errors.InvalidRequestError(
+                f"Previous response with id '{body.previous_response_id}' not found ({self._store.where}).",
+                param="previous_response_id",
+            )
+        return stored.conversation
+
     async def compact(self, request: Request) -> Response:
         """``POST /v1/responses/compact``: the v1 compaction endpoint (never streamed)."""
         json_body = await read_json(request, items="input", max_items=self._max_items)
         body = await json_body.validate(ResponsesRequest)
         public, info = await self._parse.resolve_model(body.model)
-        return await self._compact(request, body, json_body.value, public, info, v1=True)
+        return await self._compact(request, json_body, body, public, info, v1=True)
 
-    async def _compact(self, request: Request, body: ResponsesRequest, raw: dict[str, Any], public: str,
+    async def _compact(self, request: Request, json_body: JsonBody, body: ResponsesRequest, public: str,
                        info: chat_pb2.ModelInfo, *, v1: bool) -> Response:
         """A compaction (``compaction.py``): the conversation as its last turn rendered, then the model's
         compaction instruction; the answer is one sealed compaction item. Not stored."""
         instruction = self._catalog.profile(info, public).compaction_instruction
         response_id = new_request_id(request, "resp_")
-        converted: Converted = chat_request(
-            body, request.headers, (), model=info.served_model_name, request_id=response_id,
-            converted=self.converted, sealer=self._sealer, compaction_instruction=instruction)
+        history = await self._history(body)
+        converted: Converted = await json_body.run(lambda: chat_request(
+            body, request.headers, history, model=info.served_model_name, request_id=response_id,
+            converted=self.converted, sealer=self._sealer, compaction_instruction=instruction))
         annotate_span(converted.chat)
         items = body.input if isinstance(body.input, list) else [{"role": "user", "content": body.input}]
         encoder = compaction.CompactionEncoder(
-            {**_skeleton(body, raw, response_id, public), "store": False}, self._sealer,
+            {**_skeleton(body, json_body.value, response_id, public), "store": False}, self._sealer,
             v1_output=compaction.user_messages(items) if v1 else None)
         return await self._endpoint.respond(request, self._parse.chat(converted.chat), encoder,
                                             streaming=body.stream and not v1)

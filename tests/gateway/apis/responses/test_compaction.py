@@ -162,3 +162,21 @@ async def test_a_codex_local_compaction_renders_with_its_conversations_tools(gat
     assert list(local_compaction.tools) == list(turn.tools) and len(turn.tools) == 1
     assert list(local_compaction.messages)[:len(turn.messages)] == list(turn.messages)
     assert not other_session.tools and not not_codex.tools
+
+
+async def test_a_compaction_continues_a_stored_response(gateway: Gateway, fake: FakeParse) -> None:
+    async with httpx.AsyncClient(base_url=gateway.http_url, timeout=10) as http:
+        fake.script = [batch(started(), text("Done.")), batch(finish(), usage(7, 1))]
+        first = await http.post("/v1/responses", json={"model": "demo", "input": "run the tests"})
+        assert first.status_code == 200, first.text
+        fake.script = summary_turn()
+        reply = await http.post("/v1/responses", json={"model": "demo", "previous_response_id": first.json()["id"],
+                                                       "input": [{"type": "compaction_trigger"}]})
+        assert reply.status_code == 200, reply.text
+        assert [i["type"] for i in reply.json()["output"]] == ["compaction"]
+        missing = await http.post("/v1/responses/compact", json={"model": "demo", "previous_response_id": "resp_x",
+                                                                 "input": []})
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "previous_response_id"
+    messages = list(fake.requests[-1].messages)
+    assert [(m.role, text_of(m)) for m in messages] == [
+        ("user", "run the tests"), ("assistant", "Done."), ("user", DEFAULT_COMPACTION_INSTRUCTION)]
