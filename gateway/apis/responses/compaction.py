@@ -4,10 +4,12 @@ Two request forms, one implementation (docs/conversation-mapping.md, "Compaction
 
 - ``POST /v1/responses`` whose ``input`` ends with ``{"type": "compaction_trigger"}`` (Codex's
   ``responses_compaction_v2``, used when its provider is named OpenAI): the answer's output is exactly one
-  item, ``{"type": "compaction", "id", "encrypted_content"}``, streamed (``output_item.added`` /
-  ``output_item.done``, then ``response.completed``) or not. Codex fails the compaction unless exactly one
-  ``output_item.done`` carries a compaction item, so the model's text, reasoning and tool calls are never
-  items of their own.
+  item, ``{"type": "compaction", "id", "encrypted_content"}``, streamed or not. The stream is
+  ``response.created``, ``response.in_progress``, a ``response.compaction.compacting`` event (no content)
+  for each batch in which the model wrote something (so a long summary is never a silent stream), then
+  ``output_item.added`` / ``output_item.done`` and ``response.completed``. Codex fails the compaction unless
+  exactly one ``output_item.done`` carries a compaction item, so the model's text, reasoning and tool calls
+  are never items of their own.
 - ``POST /v1/responses/compact`` (the v1 endpoint): one JSON object, ``{"id", "object":
   "response.compaction", "created_at", "output", "usage"}``, whose ``output`` is the input's user messages
   as sent followed by the compaction item.
@@ -30,7 +32,7 @@ from typing import Any
 from gateway.apis.responses.encode import new_id, usage_dict
 from gateway.apis.responses.errors import failed_error
 from gateway.signing import Sealer, SigningKey
-from gateway.turn import TurnFold
+from gateway.turn import OUTPUT, TurnFold
 from services.api import chat_pb2
 from services.common import errors
 
@@ -94,6 +96,7 @@ class CompactionEncoder:
     v1_output: list[dict[str, Any]] | None = None
     fold: TurnFold = field(default_factory=TurnFold)
     complete = False
+    item_id: str = field(default_factory=lambda: new_id("cmp"))
     _seq: int = 0
     _item: dict[str, Any] | None = None
 
@@ -119,11 +122,12 @@ class CompactionEncoder:
                 self._ev("response.in_progress", response=snapshot)]
 
     def feed(self, batch: chat_pb2.ChatEventBatch) -> list[dict[str, Any]]:
-        self.fold.feed(batch)
-        return []
+        if not any(isinstance(delta, OUTPUT) for delta in self.fold.feed(batch)):
+            return []
+        return [self._ev("response.compaction.compacting", item_id=self.item_id, output_index=0)]
 
     def close(self) -> list[dict[str, Any]]:
-        self._item = {"id": new_id("cmp"), "type": "compaction", "encrypted_content": self.sealer.seal(self.summary)}
+        self._item = {"id": self.item_id, "type": "compaction", "encrypted_content": self.sealer.seal(self.summary)}
         return [self._ev("response.output_item.added", output_index=0, item=self._item),
                 self._ev("response.output_item.done", output_index=0, item=self._item),
                 self._ev("response.completed", response=self.reply())]

@@ -8,11 +8,13 @@ import json
 from typing import Any
 
 import httpx
+import openai
 
 from gateway.apis.responses.compaction import SUMMARY_PREFIX, compaction_sealer
 from gateway.catalog import DEFAULT_COMPACTION_INSTRUCTION
 from gateway.server import Gateway
 from services.api import chat_pb2
+from tests.gateway.apis.responses.test_replay import EVENTS
 from tests.gateway.fake_parse import FakeParse, batch, finish, reasoning, started, text, usage
 
 TOOLS: Any = [{"type": "function", "name": "exec_command", "description": "run a command",
@@ -53,8 +55,12 @@ async def test_a_trigger_gets_exactly_one_compaction_item_and_the_request_render
         reply = await http.post("/v1/responses", json=body)
     assert reply.status_code == 200, reply.text
     events = sse_events(reply.text)
-    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.output_item.added",
-                                           "response.output_item.done", "response.completed"]
+    for event in events:
+        EVENTS.validate_python(event)  # the openai SDK's typed stream event
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress",
+                                           "response.compaction.compacting",  # the model wrote (no content)
+                                           "response.output_item.added", "response.output_item.done",
+                                           "response.completed"]
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert len(done) == 1 and done[0]["type"] == "compaction" and set(done[0]) == {"id", "type", "encrypted_content"}
     completed = events[-1]["response"]
@@ -180,3 +186,11 @@ async def test_a_compaction_continues_a_stored_response(gateway: Gateway, fake: 
     messages = list(fake.requests[-1].messages)
     assert [(m.role, text_of(m)) for m in messages] == [
         ("user", "run the tests"), ("assistant", "Done."), ("user", DEFAULT_COMPACTION_INSTRUCTION)]
+
+
+async def test_the_openai_sdk_reads_the_v1_compact_reply(client: openai.AsyncOpenAI, fake: FakeParse) -> None:
+    fake.script = summary_turn()
+    compacted = await client.responses.compact(model="demo", input=CONVERSATION[1:], instructions="base prompt")
+    assert compacted.object == "response.compaction"
+    assert [item.type for item in compacted.output] == ["message", "compaction"]
+    assert compacted.usage.input_tokens_details.cached_tokens == 880
