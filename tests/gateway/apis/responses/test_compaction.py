@@ -14,8 +14,9 @@ from gateway.apis.responses.compaction import SUMMARY_PREFIX, compaction_sealer
 from gateway.catalog import DEFAULT_COMPACTION_INSTRUCTION
 from gateway.server import Gateway
 from services.api import chat_pb2
-from tests.gateway.apis.responses.test_replay import EVENTS
+from tests.gateway.apis.responses.test_replay import _DROP_HEADERS, EVENTS
 from tests.gateway.fake_parse import FakeParse, batch, finish, reasoning, started, text, usage
+from tests.support.fixtures import CAPTURES
 
 TOOLS: Any = [{"type": "function", "name": "exec_command", "description": "run a command",
                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
@@ -194,3 +195,22 @@ async def test_the_openai_sdk_reads_the_v1_compact_reply(client: openai.AsyncOpe
     assert compacted.object == "response.compaction"
     assert [item.type for item in compacted.output] == ["message", "compaction"]
     assert compacted.usage.input_tokens_details.cached_tokens == 880
+
+
+async def test_real_codex_compaction_requests_reuse_the_turn_before(gateway: Gateway, fake: FakeParse) -> None:
+    """Codex 0.171.0's recorded requests: a turn, its local compaction (tools: []), its remote compaction."""
+    capture = json.loads((CAPTURES / "codex_0.171.0_compaction_requests.json").read_text())["requests"]
+    async with httpx.AsyncClient(base_url=gateway.http_url, timeout=10) as http:
+        for recorded in capture:
+            headers = {k: v for k, v in recorded["headers"].items() if k.lower() not in _DROP_HEADERS}
+            fake.script = summary_turn()
+            reply = await http.post("/v1/responses", json={**recorded["body"], "model": "demo"}, headers=headers)
+            assert reply.status_code == 200, reply.text
+    turn, local, remote = fake.requests[-3:]
+    assert turn.tools and list(local.tools) == list(turn.tools)  # sent with tools: [], rendered with them
+    assert list(local.messages)[:len(turn.messages)] == list(turn.messages)
+    assert list(remote.tools) == list(turn.tools)  # (another session of the same Codex and config)
+    assert text_of(remote.messages[-1]) == DEFAULT_COMPACTION_INSTRUCTION
+    assert "CONTEXT CHECKPOINT COMPACTION" in text_of(local.messages[-1])  # Codex's own prompt, kept as sent
+    output = [e["item"] for e in sse_events(reply.text) if e["type"] == "response.output_item.done"]
+    assert [item["type"] for item in output] == ["compaction"]
