@@ -4,10 +4,11 @@ A Codex provider not named OpenAI (what ``harnessmesh catalog codex`` configures
 an ordinary ``/v1/responses`` request, the conversation plus its own summarization prompt as a last user
 message, marked ``request_kind: "compaction"`` in the ``x-codex-turn-metadata`` header, but with
 ``tools: []``. The tools render at the top of the prompt, so dropping them changes its first block and the
-engine's prefix cache serves none of it (0 of ~16k tokens). This gateway renders such a request with the tools
-the same conversation's last request carried (:class:`SessionTools`), which makes it the previous turn plus
-one message; the model is told by the prompt to call none. Codex requests carry the header; others are
-untouched. The memo is this process's: on another replica the request is served as sent (uncached, correct).
+engine's prefix cache serves none of it (0 of 3.7k tokens in the harness test). This gateway renders such a
+request with the tools the same conversation's last request carried (:class:`SessionTools`), which makes it
+the previous turn plus one message (97 % cached). The answer is served as any turn's; Codex takes its text as
+the summary. Only Codex requests carry the header; others are untouched. The memo is this process's: on
+another replica the request is served as sent (uncached, correct).
 """
 
 from __future__ import annotations
