@@ -97,7 +97,7 @@ class Sealer:
     def _open(self, blob: str) -> tuple[Verdict, str | None]:
         if not blob:
             return "missing", None
-        if not blob.startswith(self.prefix) or blob.count(".") < 1:
+        if not blob.startswith(self.prefix):
             return "foreign", None
         body, _, mac = blob[len(self.prefix):].rpartition(".")
         try:
