@@ -45,7 +45,8 @@ from services.common.tracing import incoming_parent
 _PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _UNTRACED_PATHS = frozenset({"/health", "/ready", "/metrics"})
 # The API label of each chat route (metrics, trace records); the gRPC edge is API's default.
-_APIS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/v1/responses": "responses"}
+_APIS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/v1/responses": "responses",
+         "/v1/responses/compact": "responses"}
 
 
 class RequestSpanMiddleware:
@@ -253,7 +254,8 @@ def create_app(parse: ParseClient, settings: GatewaySettings, tracer: trace.Trac
                            max_messages=settings.max_messages)
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
-        *responses_routes(ResponsesApi(parse, store, max_items=settings.max_messages)),
+        *responses_routes(ResponsesApi(parse, store, max_items=settings.max_messages, catalog=catalog,
+                                       signing_key=settings.thinking_signature_key)),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/health", models.health, methods=["GET"]),

@@ -22,6 +22,11 @@ per model by the ``--model-catalog`` file (YAML or JSON)::
         inline_system: auto       # read by the parse service (services/parse/template_catalog.py):
         tool_prompt_template: ""  #   how the chat template gets inline system messages and tools
         unrendered_tools: warn
+        compaction_instruction: "Summarize ..."           # how the model is asked to compact (see below)
+
+``compaction_instruction`` is the user message the Responses API appends after a conversation to have the
+model write its compaction summary (an input ending in ``compaction_trigger``, ``POST /v1/responses/compact``;
+docs/conversation-mapping.md, "Compaction"). The default is ``DEFAULT_COMPACTION_INSTRUCTION``.
 
 Unknown keys are an error (a typo would otherwise be silently ignored).
 """
@@ -47,6 +52,14 @@ DEFAULT_BASE_INSTRUCTIONS = (
     "change the workspace; run shell commands with the shell tool, then answer concisely."
 )
 
+DEFAULT_COMPACTION_INSTRUCTION = (
+    "Context checkpoint: the conversation above is about to be replaced by a summary, which you write now. "
+    "Do not call any tool. Write a handoff summary for whoever resumes this work (another model, or you "
+    "without this history): the user's goal and constraints, what has been done and decided (commands run, "
+    "files changed, results that matter, with exact names, paths and values), what failed and why, and the "
+    "next steps. Write only the summary, as concise plain text."
+)
+
 
 class CatalogError(ValueError):
     """The catalog file cannot be read or holds an invalid entry (the message names file and field)."""
@@ -69,6 +82,7 @@ class ModelProfile:
     display_name: str = ""
     description: str = "served by harnessmesh"
     base_instructions: str = DEFAULT_BASE_INSTRUCTIONS
+    compaction_instruction: str = DEFAULT_COMPACTION_INSTRUCTION
 
     def metadata(self) -> dict[str, Any]:
         """The fields ``GET /v1/models`` adds to each model card."""
@@ -124,6 +138,9 @@ def _check_entry(name: str, entry: Any, where: str) -> dict[str, Any]:
     for key in ("context_window", "max_output_tokens"):
         if key in entry and (not isinstance(entry[key], int) or entry[key] < 1):
             raise CatalogError(f"{where}: models.{name}.{key} must be a positive integer")
+    instruction = entry.get("compaction_instruction")
+    if instruction is not None and (not isinstance(instruction, str) or not instruction.strip()):
+        raise CatalogError(f"{where}: models.{name}.compaction_instruction must be a non-empty string")
     levels = entry.get("reasoning_levels")
     if levels is not None and (not isinstance(levels, list) or not all(isinstance(x, str) for x in levels)):
         raise CatalogError(f"{where}: models.{name}.reasoning_levels must be a list of strings")

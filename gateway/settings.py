@@ -57,7 +57,9 @@ class GatewaySettings(CommonSettings):
         metavar="NAME=SERVED",
     )
     thinking_signature_key: str = option(
-        "", "Key signing the Anthropic API's thinking blocks (empty: a random key per process).", secret=True)
+        "", "Key signing the Anthropic API's thinking blocks and sealing the Responses API's compaction items; "
+        "give every gateway replica the same (empty: a random key per process, so a compaction item "
+        "dies with the process).", secret=True)
     model_catalog: str = option(
         "", "Model catalog file (YAML or JSON): per-model metadata served by /v1/models (see gateway/catalog.py); "
         "the parse service reads its inline_system, tool_prompt_template and unrendered_tools keys.", shared=True,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # install.sh [CLIENT...]: installs the pinned real agent clients of clients.txt from the npm registry.
 #
-# CLIENT is claude-code, codex, pi or openclaw (default: all four). Each goes into its own npm prefix,
+# CLIENT is claude-code, codex, pi or openclaw (default: all four), each at every version clients.txt pins
+# for it (Codex: 0.169.0 and 0.171.0). Each version goes into its own npm prefix,
 # $HARNESS_HOME/CLIENT-VERSION (HARNESS_HOME defaults to ~/.cache/harness-clients), and what runs it is
 # linked as $HARNESS_HOME/bin/CLIENT-VERSION, where tests/support/harness.py finds it: the native binary
 # (Claude Code, Codex), or a two-line wrapper that runs the client's script with the kit's own node
@@ -28,9 +29,17 @@ case $(uname -m) in
   *) npm_arch=unsupported ;;
 esac
 
-# Fields of CLIENT's line in clients.txt: package, version, what runs.
+# Fields of CLIENT's lines in clients.txt, one line per pinned version: package, version, what runs.
 pinned() { # CLIENT
   awk -v c="$1" '$1 == c { print $2, $3, $4; found = 1 } END { exit !found }' "$kit/clients.txt"
+}
+
+install_pinned() { # CLIENT: every version clients.txt pins
+  local lines line
+  lines=$(pinned "$1") || fail "unknown client '$1' (clients.txt has: $(awk '!/^#/ { printf "%s ", $1 }' "$kit/clients.txt"))"
+  while read -r line; do
+    install_client "$1" "$line"
+  done <<<"$lines"
 }
 
 # The native binary under PREFIX matching GLOB (npm installs only this platform's package), or nothing.
@@ -54,13 +63,13 @@ installed_entry() { # PREFIX ENTRY
   fi
 }
 
-install_client() { # CLIENT
+install_client() { # CLIENT PINNED-LINE (package version entry)
   local client=$1 package version entry prefix target staging version_out scratch node=""
-  read -r package version entry < <(pinned "$client") || fail "unknown client '$client' (clients.txt has: $(awk '!/^#/ { printf "%s ", $1 }' "$kit/clients.txt"))"
+  read -r package version entry <<<"$2"
   package=${package//\{arch\}/$npm_arch}
   if [[ $entry == node:* ]]; then
-    install_client node >/dev/null
-    node=$home/bin/node-$(pinned node | awk '{ print $2 }')
+    install_pinned node >/dev/null
+    node=$home/bin/node-$(pinned node | awk 'NR == 1 { print $2 }')
   fi
   prefix=$home/$client-$version
   if ! target=$(installed_entry "$prefix" "$entry"); then
@@ -108,5 +117,5 @@ flock 9 2>/dev/null || true  # no flock (util-linux): run unlocked
 rm -rf "$home"/.staging-* "$home"/.version-*  # left by an interrupted run
 (($#)) || set -- claude-code codex pi openclaw
 for client in "$@"; do
-  install_client "$client"
+  install_pinned "$client"
 done

@@ -3,7 +3,10 @@
 Reads the model cards of a running gateway (``GET /v1/models``: context window, max output tokens,
 reasoning levels, truncation policy, ... from the model catalog) and prints, per harness:
 
-- ``codex``: a ``model_catalog_json`` file and the ``config.toml`` provider block that uses it;
+- ``codex``: a ``model_catalog_json`` file and the ``config.toml`` provider block that uses it (Codex then
+  compacts locally, and the gateway renders that request with the conversation's tools so it reuses the cached
+  prefix; with the provider named ``"OpenAI"`` it compacts remotely through the gateway's ``compaction_trigger``
+  support; docs/conversation-mapping.md, "Compaction");
 - ``claude-code``: environment variables, one for every model name Claude Code reads (main, small/fast,
   default Haiku / Sonnet / Opus, sub-agents (forced over their definitions' own), classifiers), so none is a
   name the mesh does not serve;

@@ -1,7 +1,7 @@
 """The Responses API's next turn takes the runs of input items it repeats from a recent request's conversion
 (``gateway.converted_messages``): whatever the edits, the request and the history it stores are exactly what
 converting every item afresh gives: assistant-side items merged into one turn, outputs named by calls on
-either side of the first new item, skipped items, ``additional_tools`` and a stored history included."""
+either side of the first new item, compaction items, ``additional_tools`` and a stored history included."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.apis.responses.compaction import compaction_sealer
 from gateway.apis.responses.convert import ConvertedRun, chat_request, converted_runs
 from gateway.apis.responses.models import ResponsesRequest
 from gateway.converted_messages import ConvertedMessages
@@ -19,6 +20,8 @@ from services.common.errors import InvalidRequestError
 from tests.gateway.conversation_edits import edited_conversations
 
 WORDS = ["alpha", "beta", "gamma", "parse", "tool", "read", "écrire", "工具"]
+
+SEALER = compaction_sealer("test-key")
 
 
 def text(rng: random.Random) -> str:
@@ -47,8 +50,8 @@ def assistant_items(rng: random.Random, n: int) -> list[dict[str, Any]]:
         else:
             items.append({"type": "custom_tool_call", "call_id": f"call_{n}_{k}", "name": "apply_patch",
                           "input": text(rng)})
-    if rng.random() < 0.1:
-        items.append({"type": "web_search_call", "id": f"ws_{n}"})  # skipped, between assistant items
+    if rng.random() < 0.1:  # a compaction this gateway made: its summary as a user message, between assistant items
+        items.append({"type": "compaction", "encrypted_content": SEALER.seal(text(rng))})
     return items
 
 
@@ -78,7 +81,7 @@ def convert(raw: dict[str, Any], history: list[chat_pb2.Message],
             converted: ConvertedMessages[ConvertedRun] | None) -> tuple[list[bytes], list[bytes], list[bytes]]:
     parsed = orjson.loads(orjson.dumps(raw))  # what read_json hands over
     out = chat_request(ResponsesRequest.model_validate(parsed), {}, history, model="m", request_id="r",
-                       converted=converted)
+                       converted=converted, sealer=SEALER)
     return ([m.SerializeToString() for m in out.chat.messages], [t.SerializeToString() for t in out.chat.tools],
             [m.SerializeToString() for m in out.history])
 

@@ -59,18 +59,24 @@ def offline_harness_marks(client: str) -> list[pytest.MarkDecorator]:
     ]
 
 
+def pinned_versions(client: str) -> list[str]:
+    """The versions of ``client`` pinned in ``clients.txt``, the default (its first line) first."""
+    versions = [fields[2] for fields in map(str.split, (KIT / "clients.txt").read_text().splitlines())
+                if fields and not fields[0].startswith("#") and fields[0] == client]
+    if not versions:
+        raise KeyError(f"{client} is not in {KIT / 'clients.txt'}")
+    return versions
+
+
 def pinned_version(client: str) -> str:
-    """The version of ``client`` pinned in ``clients.txt``."""
-    for line in (KIT / "clients.txt").read_text().splitlines():
-        fields = line.split()
-        if fields and not fields[0].startswith("#") and fields[0] == client:
-            return fields[2]
-    raise KeyError(f"{client} is not in {KIT / 'clients.txt'}")
+    """The version of ``client`` the tests use by default (its first line in ``clients.txt``)."""
+    return pinned_versions(client)[0]
 
 
-def client_binary(client: str) -> Path:
-    """The pinned ``client``'s native binary, where ``install.sh`` links it; skips the test if it is absent."""
-    version = pinned_version(client)
+def client_binary(client: str, version: str = "") -> Path:
+    """The pinned ``client``'s native binary (at ``version``, default: :func:`pinned_version`), where
+    ``install.sh`` links it; skips the test if it is absent."""
+    version = version or pinned_version(client)
     binary = CLIENT_HOME / "bin" / f"{client}-{version}"
     if not os.access(binary, os.X_OK):
         pytest.skip(f"{client} {version} is not installed: run .ci/harnesses/install.sh {client} "
@@ -140,11 +146,12 @@ def configure_codex(mesh_url: str, workdir: Path) -> dict[str, Any]:
     return loaded
 
 
-def run_codex(workdir: Path, args: Sequence[str], timeout: float) -> int:
-    """``codex exec --json ARGS`` once, configured by :func:`configure_codex` (call it first)."""
+def run_codex(workdir: Path, args: Sequence[str], timeout: float, version: str = "") -> int:
+    """``codex exec --json ARGS`` once (Codex ``version``, default: :func:`pinned_version`), configured by
+    :func:`configure_codex` (call it first)."""
     env = {"CODEX_HOME": str(workdir / "home" / ".codex"), API_KEY_ENV: API_KEY}
-    return run_client(client_binary("codex"), ["exec", "--skip-git-repo-check", "--json", *args], workdir, env,
-                      timeout)
+    return run_client(client_binary("codex", version), ["exec", "--skip-git-repo-check", "--json", *args], workdir,
+                      env, timeout)
 
 
 def write_script(path: Path, lines: Sequence[Mapping[str, str]]) -> Path:

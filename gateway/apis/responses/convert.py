@@ -3,9 +3,11 @@
 Items map onto the canonical conversation with ordered parts: consecutive assistant-side items
 (``reasoning``, ``function_call``, ``custom_tool_call``, assistant ``message``) become one
 assistant message whose parts keep their order, with content "" when it has no text
-(docs/conversation-mapping.md); ``*_output`` items become ``tool`` messages.
-Tools the model cannot run (``web_search``, ``tool_search``, ...) and unknown item types are left
-out with a debug log, never a 400. Custom (freeform) tools reach the model as a function with one
+(docs/conversation-mapping.md); ``*_output`` items become ``tool`` messages; a ``compaction`` item becomes
+the user message holding the summary it seals (``compaction.py``), and a final ``compaction_trigger`` makes
+the request a compaction. An item type not in ``_ITEM_MODELS`` (or ``additional_tools``) is a 400 naming
+``input[i].type``, never dropped. Tools the model cannot run (``web_search``, ``tool_search``, ...) are left
+out with a debug log. Custom (freeform) tools reach the model as a function with one
 string argument ``input``; ``ToolTable`` maps the model's calls back to the right item type.
 """
 
@@ -27,8 +29,10 @@ from gateway.apis.canonical import (
     sampling_params,
     with_content,
 )
+from gateway.apis.responses import compaction
 from gateway.apis.responses.errors import from_validation_error
 from gateway.apis.responses.models import (
+    CompactionItem,
     ContentPartIn,
     CustomToolCallItem,
     CustomToolCallOutputItem,
@@ -43,6 +47,7 @@ from gateway.apis.responses.models import (
 )
 from gateway.apis.responses.reasoning_codec import decode_reasoning
 from gateway.converted_messages import ConvertedMessages
+from gateway.signing import Sealer
 from services.api import chat_pb2
 from services.common.errors import InvalidRequestError
 
@@ -55,7 +60,9 @@ _ITEM_MODELS: dict[str, type[BaseModel]] = {
     "custom_tool_call": CustomToolCallItem,
     "custom_tool_call_output": CustomToolCallOutputItem,
     "reasoning": ReasoningItem,
+    "compaction": CompactionItem,
 }
+_KNOWN_TYPES = ", ".join(sorted([*_ITEM_MODELS, "additional_tools", compaction.TRIGGER]))
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
 _CUSTOM_INPUT_SCHEMA = {
     "type": "object",
@@ -142,8 +149,10 @@ def _item_kind(entry: dict[str, Any], param: str) -> str | None:
 class _Builder:
     """Appends items to the canonical message list, merging assistant-side items into one turn."""
 
-    def __init__(self, messages: list[chat_pb2.Message], call_names: dict[str, str] | None = None) -> None:
+    def __init__(self, messages: list[chat_pb2.Message], call_names: dict[str, str] | None = None,
+                 sealer: Sealer | None = None) -> None:
         self.messages = messages
+        self.sealer = sealer
         self.call_names: dict[str, str] = {
             part.tool_call.id: part.tool_call.name
             for m in messages for part in m.parts if part.WhichOneof("kind") == "tool_call"
@@ -188,12 +197,19 @@ class _Builder:
         if kind == "additional_tools":
             add_tools(entry.get("tools") or [], tools, tools_out, f"{param}.tools")
             return
+        if kind == compaction.TRIGGER:
+            raise InvalidRequestError(f"{param}: a compaction_trigger item must be the last input item",
+                                      param=f"{param}.type")
         model = _ITEM_MODELS.get(kind) if kind is not None else None
         if model is None:
-            log.debug("responses.item_skipped", item_type=kind, param=param)
-            return
+            said = f"type {kind!r} is not supported" if kind is not None else "has no type (nor a role)"
+            raise InvalidRequestError(f"{param}: input item {said}; this server knows {_KNOWN_TYPES}",
+                                      param=f"{param}.type")
         item = _validate(model, {**entry, "type": kind}, param)
-        if isinstance(item, MessageItem):
+        if isinstance(item, CompactionItem):
+            summary = compaction.opened_summary(self.sealer, item.encrypted_content, param)
+            self.messages.append(compaction.summary_message(summary))
+        elif isinstance(item, MessageItem):
             self.message(item, param)
         elif isinstance(item, ReasoningItem):
             self.reasoning(item)
@@ -218,7 +234,7 @@ def converted_runs() -> ConvertedMessages[ConvertedRun]:
     return ConvertedMessages(lambda run: sum(m.ByteSize() for m in run.messages))
 
 
-_STARTS_RUN = frozenset({"function_call_output", "custom_tool_call_output"})
+_STARTS_RUN = frozenset({"function_call_output", "custom_tool_call_output", "compaction"})
 
 
 def _runs(raw: list[Any]) -> list[tuple[Any, ...]] | None:
@@ -242,7 +258,7 @@ def _runs(raw: list[Any]) -> list[tuple[Any, ...]] | None:
 
 
 def _convert_runs(raw: list[Any], runs: list[tuple[Any, ...]], tools: ToolTable, tools_out: list[chat_pb2.Tool],
-                  converted: ConvertedMessages[ConvertedRun]) -> list[chat_pb2.Message]:
+                  converted: ConvertedMessages[ConvertedRun], sealer: Sealer | None) -> list[chat_pb2.Message]:
     starts = [0, *itertools.accumulate(map(len, runs))]  # run k is raw[starts[k]:starts[k + 1]]
     call_names: dict[str, str] = {}
 
@@ -251,7 +267,7 @@ def _convert_runs(raw: list[Any], runs: list[tuple[Any, ...]], tools: ToolTable,
             call_names.update(run.calls)
 
     def convert_one(k: int) -> ConvertedRun:
-        builder = _Builder([], call_names)
+        builder = _Builder([], call_names, sealer)
         for i in range(starts[k], starts[k + 1]):
             builder.add(raw[i], i, tools, tools_out)
         return ConvertedRun(tuple(with_content(m) for m in builder.messages), tuple(builder.calls))
@@ -262,12 +278,14 @@ def _convert_runs(raw: list[Any], runs: list[tuple[Any, ...]], tools: ToolTable,
 def convert_input(
     raw: str | list[dict[str, Any]], history: Sequence[chat_pb2.Message], tools: ToolTable,
     tools_out: list[chat_pb2.Tool], converted: ConvertedMessages[ConvertedRun] | None = None,
+    sealer: Sealer | None = None,
 ) -> list[chat_pb2.Message]:
     """``history`` followed by the request's ``input`` as canonical messages (without instructions).
 
     Tools carried by ``additional_tools`` items (Codex's responses-lite models) join ``tools_out``. With
     ``converted`` and no history, runs of items equal to a recent request's are not converted again
-    (``gateway.converted_messages``).
+    (``gateway.converted_messages``). ``sealer`` opens ``compaction`` items (without one, every such item
+    is a 400).
     """
     if isinstance(raw, str):
         messages = [chat_pb2.Message.FromString(m.SerializeToString()) for m in history]
@@ -276,8 +294,8 @@ def convert_input(
     if converted is not None and not history:
         runs = _runs(raw)
         if runs is not None:
-            return _convert_runs(raw, runs, tools, tools_out, converted)
-    builder = _Builder([chat_pb2.Message.FromString(m.SerializeToString()) for m in history])
+            return _convert_runs(raw, runs, tools, tools_out, converted, sealer)
+    builder = _Builder([chat_pb2.Message.FromString(m.SerializeToString()) for m in history], sealer=sealer)
     for i, entry in enumerate(raw):
         builder.add(entry, i, tools, tools_out)
     return builder.messages
@@ -347,14 +365,28 @@ def chat_request(
     model: str,
     request_id: str,
     converted: ConvertedMessages[ConvertedRun] | None = None,
+    sealer: Sealer | None = None,
+    compaction_instruction: str = "",
+    tools_json: Sequence[Any] | None = None,
 ) -> Converted:
-    """The canonical request for a Responses API request continuing ``history`` (``converted``: see
-    :func:`convert_input`)."""
+    """The canonical request for a Responses API request continuing ``history`` (``converted``, ``sealer``:
+    see :func:`convert_input`). An input ending with ``compaction_trigger`` (or any input, for the v1 compact
+    endpoint, which passes ``compaction_instruction`` itself) is a compaction: the conversation before it,
+    then ``compaction_instruction``. ``tools_json`` replaces the body's ``tools`` (a Codex local compaction's
+    tools: ``local_compaction.py``)."""
     table = ToolTable()
     tools: list[chat_pb2.Tool] = []
-    add_tools(body.tools or [], table, tools, "tools")
-    conversation = [with_content(m) for m in convert_input(body.input, history, table, tools, converted)]
+    add_tools(body.tools or [] if tools_json is None else tools_json, table, tools, "tools")
+    raw = body.input
+    if compaction.ends_with_trigger(raw):
+        assert isinstance(raw, list)
+        raw = raw[:-1]
+        if not compaction_instruction:
+            raise InvalidRequestError("compaction is not available on this endpoint", param=f"input[{len(raw)}]")
+    conversation = [with_content(m) for m in convert_input(raw, history, table, tools, converted, sealer)]
     messages = list(conversation)
+    if compaction_instruction:
+        messages.append(compaction.instruction_message(compaction_instruction))
     if body.instructions:
         messages.insert(0, chat_pb2.Message(role="system", parts=[chat_pb2.Part(text=body.instructions)]))
     if not messages:

@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway.apis.responses.convert import ToolTable
 from gateway.apis.responses.errors import failed_error
 from gateway.apis.responses.reasoning_codec import encode_reasoning
 from gateway.turn import CallArguments, CallDispatched, CallStarted, Reasoning, Text, ToolCall, TurnFold
 from services.api import chat_pb2, common_pb2
 from services.common import errors
+
+if TYPE_CHECKING:  # convert.py imports compaction.py, which imports this module
+    from gateway.apis.responses.convert import ToolTable
 
 
 def new_id(prefix: str) -> str:

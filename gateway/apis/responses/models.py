@@ -1,8 +1,8 @@
-"""Pydantic models of ``POST /v1/responses`` bodies (permissive: unknown fields and item types are kept).
+"""Pydantic models of ``POST /v1/responses`` bodies (permissive: unknown fields are ignored).
 
-Only what the conversion needs is typed; the rest rides in ``model_extra``. Input items are
-validated per type in ``convert.py`` so that a malformed item is a 400 naming it
-(``input[3].call_id``) while an item type this server does not know is skipped.
+Only what the conversion needs is typed. Input items are validated per type in ``convert.py`` so that a
+malformed item is a 400 naming it (``input[3].call_id``), and so is an item type this server does not know
+(``input[3].type``).
 """
 
 from __future__ import annotations
@@ -88,6 +88,14 @@ class ReasoningItem(_Loose):
     summary: list[ReasoningText] = Field(default_factory=list)
     content: list[ReasoningText] | None = None
     encrypted_content: str | None = None
+
+
+class CompactionItem(_Loose):
+    """A compaction this gateway made earlier: ``encrypted_content`` is its sealed summary."""
+
+    type: Literal["compaction"]
+    id: str | None = None
+    encrypted_content: str
 
 
 class FunctionToolDef(_Loose):

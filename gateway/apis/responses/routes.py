@@ -15,9 +15,11 @@ PATH = "/v1/responses"
 
 
 def responses_routes(api: ResponsesApi) -> list[BaseRoute]:
-    """``POST /v1/responses`` and ``GET`` / ``DELETE /v1/responses/{response_id}``."""
+    """``POST /v1/responses``, ``POST /v1/responses/compact`` and ``GET`` / ``DELETE
+    /v1/responses/{response_id}``."""
     return [
         Route(PATH, api.create, methods=["POST"]),
+        Route(PATH + "/compact", api.compact, methods=["POST"]),
         Route(PATH + "/{response_id}", api.retrieve, methods=["GET"]),
         Route(PATH + "/{response_id}", api.delete, methods=["DELETE"]),
     ]

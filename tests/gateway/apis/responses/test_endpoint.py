@@ -175,11 +175,21 @@ async def test_malformed_fields_are_400_naming_them(gateway: Gateway) -> None:
             assert err["type"] == "invalid_request_error"
 
 
-async def test_unknown_fields_and_items_are_ignored(gateway: Gateway, fake: FakeParse) -> None:
-    body = {"model": "demo", "input": [{"type": "item_reference", "id": "x"}, {"role": "user", "content": "hi"}],
+async def test_unknown_fields_are_ignored_and_unknown_items_refused(gateway: Gateway, fake: FakeParse) -> None:
+    body = {"model": "demo", "input": [{"role": "user", "content": "hi"}],
             "frobnicate": True, "metadata": {"k": "v"}, "client_metadata": {"a": 1}}
     async with httpx.AsyncClient(base_url=gateway.http_url, timeout=10) as http:
         reply = await http.post("/v1/responses", json=body)
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["metadata"] == {"k": "v"}
-    assert [m.role for m in fake.requests[-1].messages] == ["user"]
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["metadata"] == {"k": "v"}
+        assert [m.role for m in fake.requests[-1].messages] == ["user"]
+        sent = len(fake.requests)
+        # An item type the gateway does not know is never dropped: a 400 naming it.
+        hi = {"role": "user", "content": "hi"}
+        for items, param in [([hi, {"type": "item_reference", "id": "x"}], "input[1].type"),
+                             ([{"content": "no type, no role"}], "input[0].type"),
+                             ([{"type": "compaction_trigger"}, hi], "input[0].type")]:
+            reply = await http.post("/v1/responses", json={"model": "demo", "input": items})
+            assert reply.status_code == 400, reply.text
+            assert reply.json()["error"]["param"] == param, reply.text
+    assert len(fake.requests) == sent

@@ -62,8 +62,8 @@ def parse_sse(raw: str) -> list[dict[str, Any]]:
 
 
 def test_the_captures_are_in_the_repository() -> None:
-    """Every Codex 0.169.0 and SDK Responses request recorded (a missing fixture fails, never skips)."""
-    assert len(CASES) == 14, [name for name, _ in CASES]
+    """Every Codex 0.169.0 / 0.171.0 and SDK Responses request recorded (a missing fixture fails, never skips)."""
+    assert len(CASES) == 17, [name for name, _ in CASES]
 
 
 @pytest.mark.parametrize("name", [name for name, _ in CASES])
@@ -95,5 +95,7 @@ async def test_captured_request_gets_a_valid_stream(name: str, gateway: Gateway,
     if "thread-id" in request["headers"]:
         assert sent.identity.session_id == request["headers"]["thread-id"]
         assert sent.identity.harness == "codex"
-    if tool:
+    if body["input"][-1] == {"type": "compaction_trigger"}:  # Codex's remote compaction: exactly one item
+        assert [d["type"] for d in done] == ["compaction"], done
+    elif tool:
         assert done[-1]["type"] == "function_call" and done[-1]["name"] == tool
