@@ -10,8 +10,17 @@ from typing import Any
 
 import nats
 import pytest
+from nats.js.errors import BadRequestError, BucketNotFoundError
 
-from services.common.jetstream import BucketConfig, ChunkedKv, bucket_name, kv_key, open_bucket
+from services.common.jetstream import (
+    OPEN_ATTEMPTS,
+    STREAM_IN_USE,
+    BucketConfig,
+    ChunkedKv,
+    bucket_name,
+    kv_key,
+    open_bucket,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,3 +118,37 @@ def test_bucket_names_and_keys() -> None:
     assert kv_key("s/t") != kv_key("s_t") and "." not in kv_key("a.b")
     with pytest.raises(ValueError):
         kv_key("")
+
+
+class SettlingJetStream:
+    """The JetStream context of a cluster where another replica is creating the same stream: "in use" on
+    add, then "not found" from the stream's lookups until its Raft group settles (seen in a 3-node CI run)."""
+
+    def __init__(self, unsettled: int) -> None:
+        self.unsettled = unsettled
+        self.lookups = 0
+
+    async def add_stream(self, config: Any) -> None:
+        raise BadRequestError(code=400, err_code=STREAM_IN_USE, description="stream name already in use")
+
+    async def update_stream(self, config: Any) -> None:
+        return None
+
+    async def key_value(self, name: str) -> str:
+        self.lookups += 1
+        if self.lookups <= self.unsettled:
+            raise BucketNotFoundError(code=404, err_code=10059, description="stream not found")
+        return f"bucket {name}"
+
+
+async def test_a_stream_another_replica_is_creating_opens_once_it_settles() -> None:
+    js = SettlingJetStream(unsettled=3)
+    assert await open_bucket(js, BucketConfig("b", ttl=60)) == "bucket b"
+    assert js.lookups == 4
+
+
+async def test_a_stream_that_never_appears_fails_after_bounded_retries() -> None:
+    js = SettlingJetStream(unsettled=10_000)
+    with pytest.raises(BucketNotFoundError):
+        await open_bucket(js, BucketConfig("b", ttl=60))
+    assert js.lookups == OPEN_ATTEMPTS

@@ -23,11 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from nats.js import api
-from nats.js.errors import BadRequestError, KeyNotFoundError
+from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 
 STREAM_IN_USE = 10058  # JetStream: "stream name already in use with a different configuration"
 COMPRESS_MIN = 1024  # smaller values are stored as they are
 THREAD_MIN = 256 << 10  # (de)compress values this large off the event loop
+# In a JetStream cluster a stream another replica is creating at the same moment can answer "in use", then "not
+# found", until its Raft group settles; opening retries that, this many times, pausing a little longer each time.
+OPEN_ATTEMPTS = 12
+OPEN_PAUSE = 0.05  # seconds, times the attempt's number
 _HEADER_END = b"\n"
 
 
@@ -59,13 +63,24 @@ async def open_bucket(js: Any, config: BucketConfig) -> Any:
         num_replicas=config.replicas,
         storage=api.StorageType.MEMORY if config.memory else api.StorageType.FILE,
     )
+    for attempt in range(1, OPEN_ATTEMPTS + 1):
+        try:
+            return await _create_or_update(js, stream, config.name)
+        except NotFoundError:
+            if attempt == OPEN_ATTEMPTS:
+                raise
+            await asyncio.sleep(OPEN_PAUSE * attempt)
+    raise AssertionError("unreachable")
+
+
+async def _create_or_update(js: Any, stream: api.StreamConfig, name: str) -> Any:
     try:
         await js.add_stream(stream)
     except BadRequestError as exc:
         if exc.err_code != STREAM_IN_USE:
             raise
         await js.update_stream(stream)
-    return await js.key_value(config.name)
+    return await js.key_value(name)
 
 
 def bucket_name(configured: str, namespace: str, kind: str) -> str:
