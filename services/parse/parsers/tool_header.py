@@ -43,7 +43,7 @@ def header_patterns(fmt: ToolFormat) -> tuple[tuple[Step, ...], ...]:
         patterns.append(((WS, ()), _lit(fmt.name_after)))
         patterns.append(((WS, ()), (NAME, ()), (WS, ()), _lit(fmt.name_after)))
     elif fmt.header_ends:  # a bare name, then what ends it (``[ARGS]``, ``<arg_key>``, ``</tool_call>``)
-        ends = [e for e in fmt.header_ends if e.strip()]
+        ends = [e for e in (*fmt.header_ends, *fmt.header_marks) if e.strip()]
         if fmt.params:
             ends.append(fmt.params.open)
         patterns.append(((WS, ()), (NAME, ()), (WS, ()), _lit(*ends)))
