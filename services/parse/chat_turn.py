@@ -69,6 +69,7 @@ class ChatTurn:
         self._continued = continued
         self._observe = observe
         self.spec_turn = spec_turn
+        self.output = TurnRecorder()  # the turn as a message (the prefix watch names a break's cause with it)
         self._on_finish = on_finish
         self.reasoning_tokens = ReasoningTokenCounter()
         self.worker_id = ""          # the worker that served the first frame (speculative prefill's target)
@@ -87,6 +88,8 @@ class ChatTurn:
             self.reasoning_tokens.feed(len(frame_ids), replayed)
             if self.spec_turn is not None:
                 self.spec_turn.observe(replayed)
+            if self.watched is not None:
+                self.output.observe(replayed)
 
     async def stream(self, call: RouterStream) -> AsyncIterator[chat_pb2.ChatEventBatch]:
         """The turn's batches from ``call``'s frames; sets ``error`` instead of raising."""
@@ -125,6 +128,8 @@ class ChatTurn:
         self.reasoning_tokens.feed(len(frame.token_ids), events)
         if self.spec_turn is not None:
             self.spec_turn.observe(events)
+        if self.watched is not None:
+            self.output.observe(events)
         if not self.worker_id and frame.HasField("prompt"):
             self.worker_id = frame.prompt.worker_id
         batch.events.extend(convert.event_to_proto(e) for e in events)

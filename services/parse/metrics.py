@@ -30,5 +30,6 @@ class ParseMetrics:
         self.prefix_turns = Counter("harnessmesh_parse_prefix_turns",
                                     "Finished turns recorded in the prefix watch (at their finish frame).", registry=r)
         self.prefix_breaks = Counter("harnessmesh_parse_prefix_breaks",
-                                     "Prompts that did not extend their session's previous turn.", ("in_output",),
+                                     "Prompts that did not extend their session's previous turn, by cause.",
+                                     ("in_output", "cause"),
                                      registry=r)

@@ -21,6 +21,7 @@ from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.common.service_settings import INLINE_RENDER_MESSAGES, INLINE_WORK_BYTES, INLINE_WORK_MESSAGES
 from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
 from services.parse import convert
+from services.parse.break_cause import TurnShape
 from services.parse.chat_turn import ChatTurn, RouterStream
 from services.parse.continuation import Continued
 from services.parse.conversation import ChatMessage, Conversation
@@ -77,7 +78,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         self._tasks: set[asyncio.Future[None]] = set()  # work that outlives its Chat call (prefix-state pushes)
 
     def _count_break(self, report: PrefixBreak) -> None:
-        self.metrics.prefix_breaks.labels(str(report.in_output).lower()).inc()
+        self.metrics.prefix_breaks.labels(str(report.in_output).lower(), report.cause).inc()
 
     async def Chat(
         self, request: chat_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -130,7 +131,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                 request_id=request_id, model=self._format.served_model_name, prompt_tokens=len(prompt.token_ids),
                 pipeline=self._format.output_pipeline(prompt.text, prompt.schemas,
                                                       continued.call_ids if continued is not None else ()),
-                watched=self._prefix_watch.begin(session, prompt.token_ids, report=continued is None),
+                watched=self._prefix_watch.begin(session, prompt.token_ids, report=continued is None, shape=TurnShape(
+                    conversation.messages, conversation.tools, generate.cache_salt)),
                 continued=continued, observe=_SpanEvents(span, self.metrics).observe,
                 spec_turn=TurnRecorder() if request.hints.speculative_prefill else None,  # speculative prefill
                 on_finish=lambda turn: pushed.extend(self._turn_finished(turn, request, conversation, session)))
@@ -164,7 +166,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         its sharing with other replicas starts), handed to speculative prefill and logged. Returns the push."""
         pushes: list[asyncio.Future[None]] = []
         if turn.watched is not None:
-            turn.watched.commit()
+            turn.watched.commit(turn.output.message())
             self.metrics.prefix_turns.inc()
             if self._prefix_state.shared:
                 pushes.append(self._background(self._prefix_state.push(self._prefix_watch, session)))
