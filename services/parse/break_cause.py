@@ -14,7 +14,7 @@ tools and cache salt a prompt was rendered from, and the assistant message the m
   template's replay policy dropped the reasoning of earlier turns (every message equal, the rendering not);
 - ``message_edited`` (index, role): one earlier message changed;
 - ``history_rewritten``: several earlier messages changed or were removed (compaction, a harness that
-  rewrites earlier turns);
+  rewrites earlier turns); a turn sent again without the model's answer (a retry) removes nothing;
 - ``inline_system_moved``: every message equal, and the conversation has an inline system message the
   template placed somewhere else (hoisted into the first system block);
 - ``unknown``: none of these.
@@ -93,11 +93,12 @@ def explain(previous: TurnShape | None, output: ChatMessage | None, new: TurnSha
             return Cause("billing_line", i, now.role)
         if i == 0 and was.role in _SYSTEM_ROLES and now.role in _SYSTEM_ROLES:
             return Cause("system_changed", i, now.role)
-        rest = zip(old[i + 1:], new.messages[i + 1:], strict=False)
-        if len(new.messages) < len(old) or any(a != b for a, b in rest):
+        rest = zip(old[i + 1:], new.messages[i + 1:], strict=False)  # the model's output aside: named above
+        if len(new.messages) < len(previous.messages) or any(
+                a != b for j, (a, b) in enumerate(rest, i + 1) if j != produced):
             return Cause("history_rewritten", i, now.role)
         return Cause("message_edited", i, now.role)
-    if len(new.messages) < len(old):
+    if len(new.messages) < len(previous.messages):
         return Cause("history_rewritten", len(new.messages), "")
     # every message the client sent is what it sent (or the model said) before: the rendering moved
     inline = next((i for i, m in enumerate(new.messages) if i and m.role in _SYSTEM_ROLES), -1)

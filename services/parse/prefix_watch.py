@@ -4,7 +4,8 @@ An agent's prompt should only ever grow by appending: turn N+1 = turn N's prompt
 new messages. When it does not (a per-request header in the system prompt, a template that drops
 history reasoning, a client that rewrites a tool call), everything after the first differing token
 is a prefix-cache miss. ``PrefixWatch`` keeps, per session, the token history of the latest turns and
-reports where the new prompt broke away from the closest one: the token offset and ~80 characters of
+reports where the new prompt broke away from the closest one (a prompt that lies wholly inside a history,
+a retry, is no break: every token of it is cached): the token offset and ~80 characters of
 text around it, and why (``break_cause.py``: the cause, with the first message that differs, from the
 conversations the two prompts were rendered from), as a span event (``prefix.break``, and the span's
 ``prefix.break_cause`` attribute), a structured log line (``parse.prefix_break``) and a call of
@@ -122,6 +123,8 @@ class PrefixWatch:
         best, best_shared = -1, 0
         for i, history in enumerate(histories):
             shared = common_prefix(history.tokens, tokens)
+            if shared == len(tokens) < len(history.tokens):  # the whole prompt is cached (a retry): no break
+                return Turn(self, session, tokens, history, shape=shape)
             if shared == len(history.tokens):
                 if report and history.shape is not None and shape is not None and _salt(history.shape) != _salt(shape):
                     self._report(session, history, tokens, 0, shape)  # another cache salt: every block hash differs
