@@ -1,4 +1,4 @@
-"""The ``harnessmesh`` command: one subcommand per module (``up_cmd``, ``catalog_cmd``, ``replay_cmd``).
+"""The ``harnessmesh`` command: one subcommand per module (``up_cmd``, ``catalog_cmd``, ``replay_cmd``, ...).
 
 Only the module of the command given is imported (``harnessmesh replay`` does not load the mesh's
 settings, gRPC or HTTP stacks: ~0.1 s of start-up); ``--help`` without a command loads them all.
@@ -12,7 +12,8 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS = {"up": "services.launcher.up_cmd", "catalog": "services.launcher.catalog_cmd",
-            "replay": "services.launcher.replay_cmd", "health": "services.launcher.health_cmd"}
+            "replay": "services.launcher.replay_cmd", "health": "services.launcher.health_cmd",
+            "breaks": "services.launcher.breaks_cmd"}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -42,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.launcher import health_cmd
 
         return health_cmd.run(ns)
+    if ns.command == "breaks":
+        from services.launcher import breaks_cmd
+
+        return breaks_cmd.run(ns)
     if ns.command != "up":  # pragma: no cover - argparse enforces the choice
         parser.error(f"unknown command {ns.command}")
     from services.launcher import up_cmd

@@ -27,6 +27,9 @@ class ParseMetrics:
                                             "Prompt token ids reused from the session's previous turn.", registry=r)
         self.tool_dispatches = Counter("harnessmesh_parse_tool_dispatches",
                                        "Tool calls dispatched while decoding.", registry=r)
+        self.prefix_turns = Counter("harnessmesh_parse_prefix_turns",
+                                    "Finished turns recorded in the prefix watch (at their finish frame).", registry=r)
         self.prefix_breaks = Counter("harnessmesh_parse_prefix_breaks",
-                                     "Prompts that did not extend their session's previous turn.", ("in_output",),
+                                     "Prompts that did not extend their session's previous turn, by cause.",
+                                     ("in_output", "cause"),
                                      registry=r)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
 
 import grpc
@@ -14,14 +14,16 @@ from opentelemetry import trace
 
 from services.api import chat_pb2, parse_pb2, parse_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2
 from services.common import errors, token_bytes
-from services.common.errors import InternalError, InvalidRequestError, MeshError
+from services.common.errors import InvalidRequestError, MeshError
 from services.common.message_reuse import HeldLine, MessageStore
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.common.service_settings import INLINE_RENDER_MESSAGES, INLINE_WORK_BYTES, INLINE_WORK_MESSAGES
 from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
 from services.parse import convert
-from services.parse.continuation import Continued, FinishedStream
+from services.parse.break_cause import TurnShape
+from services.parse.chat_turn import ChatTurn, RouterStream
+from services.parse.continuation import Continued
 from services.parse.conversation import ChatMessage, Conversation
 from services.parse.limits import RequestLimits
 from services.parse.metrics import ParseMetrics
@@ -29,7 +31,6 @@ from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
 from services.parse.prefix_state import LocalPrefixState, PrefixState
 from services.parse.prefix_watch import PrefixBreak, PrefixWatch, session_key
-from services.parse.reasoning_tokens import ReasoningTokenCounter
 from services.parse.router_replicas import RouterInfo
 from services.parse.router_stream import ResumingRouterStream
 from services.parse.speculative import SpeculativePrefiller, TurnRecorder
@@ -74,9 +75,10 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         self._prefix_watch = prefix_watch or PrefixWatch(model_format.decode, on_break=self._count_break)
         self._prefix_state = prefix_state or LocalPrefixState()  # memory, or shared by replicas (prefix_state.py)
         self.messages = messages or MessageStore()  # conversations the gateway sends as their new messages
+        self._tasks: set[asyncio.Future[None]] = set()  # work that outlives its Chat call (prefix-state pushes)
 
     def _count_break(self, report: PrefixBreak) -> None:
-        self.metrics.prefix_breaks.labels(str(report.in_output).lower()).inc()
+        self.metrics.prefix_breaks.labels(str(report.in_output).lower(), report.cause).inc()
 
     async def Chat(
         self, request: chat_pb2.ChatRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -118,105 +120,69 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             log.info("parse.request_rejected", request_id=request_id, error=err.message, param=err.param)
             await errors.abort_with(context, err)
             return
-        model = self._format.served_model_name
-        generate, packed = router_request(request, prompt, max_tokens, request_id=request_id, model=model,
+        generate, packed = router_request(request, prompt, max_tokens, request_id=request_id,
+                                          model=self._format.served_model_name,
                                           stop_token_ids=self._format.stop_token_ids)
-        pipeline = self._format.output_pipeline(prompt.text, prompt.schemas,
-                                                continued.call_ids if continued is not None else ())
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
-            tracker = _SpanEvents(span, self.metrics)
-            spec_turn = TurnRecorder() if request.hints.speculative_prefill else None  # speculative prefill
-            reasoning_tokens = ReasoningTokenCounter()  # usage.reasoning_tokens
-            spec_worker = ""
             if pulled is not None:
                 await pulled
-            watched = self._prefix_watch.begin(session, prompt.token_ids,  # prefix-break report
-                                               report=continued is None)
-            call: ResumingRouterStream | FinishedStream
+            pushed: list[asyncio.Future[None]] = []
+            turn = ChatTurn(
+                request_id=request_id, model=self._format.served_model_name, prompt_tokens=len(prompt.token_ids),
+                pipeline=self._format.output_pipeline(prompt.text, prompt.schemas,
+                                                      continued.call_ids if continued is not None else ()),
+                watched=self._prefix_watch.begin(session, prompt.token_ids, report=continued is None, shape=TurnShape(
+                    conversation.messages, conversation.tools, generate.cache_salt)),
+                continued=continued, observe=_SpanEvents(span, self.metrics).observe,
+                spec_turn=TurnRecorder() if request.hints.speculative_prefill else None,  # speculative prefill
+                on_finish=lambda turn: pushed.extend(self._turn_finished(turn, request, conversation, session)))
+            call: RouterStream
             if continued is None:
                 call = ResumingRouterStream(self._router, generate, prompt=packed, key=prompt_key(session, packed),
                                             retry=self._router.retry_unavailable)
             else:  # the rest of a stream a replica that went away began: replay what it sent, silently
                 span.set_attribute("parse.continued_tokens", len(continued.token_ids))
-                for frame_ids, replayed in zip(continued.frames, pipeline.replay(continued.frames), strict=True):
-                    if watched is not None:
-                        watched.extend(frame_ids)
-                    reasoning_tokens.feed(len(frame_ids), replayed)
-                    if spec_turn is not None:
-                        spec_turn.observe(replayed)
+                turn.replay(continued.frames)
                 rest = continued.router_request(generate, packed)
                 call = (continued.finished_stream() if rest is None else ResumingRouterStream(
                     self._router, rest[0], prompt=rest[1], key=prompt_key(session, rest[1]),
                     retry=self._router.retry_unavailable))
-            sent = finished = False
-            announced = continued is not None  # a resumed stream's Started went out with its first part
-            unsent_ids: list[int] = []  # token ids of router frames whose events are not sent yet, and their sizes
-            unsent_frames: list[int] = []
-            error: MeshError | None = None
-            try:
-                async for frame in call:  # read to the end: the client span ends at the stream's EOF
-                    if finished:
-                        continue
-                    if frame.HasField("error"):
-                        error = errors.from_proto(frame.error)
-                        break
-                    batch = chat_pb2.ChatEventBatch()
-                    if not announced:
-                        announced = True
-                        info = frame.prompt if frame.HasField("prompt") else worker_pb2.PromptInfo(
-                            prompt_tokens=len(prompt.token_ids))
-                        batch.events.append(convert.started_event(request_id, model, info))
-                    if watched is not None:
-                        watched.extend(frame.token_ids)
-                    events = pipeline.feed(frame.token_ids)
-                    if frame.finish_reason:
-                        events += pipeline.finish()
-                    tracker.observe(events)
-                    reasoning_tokens.feed(len(frame.token_ids), events)
-                    if spec_turn is not None:
-                        spec_turn.observe(events)
-                        spec_worker = spec_worker or (frame.prompt.worker_id if frame.HasField("prompt") else "")
-                    batch.events.extend(convert.event_to_proto(e) for e in events)
-                    if frame.token_ids:
-                        unsent_ids.extend(frame.token_ids)
-                        unsent_frames.append(len(frame.token_ids))
-                    if frame.finish_reason:
-                        if continued is not None:
-                            continued.whole_usage(frame.usage)
-                        batch.events.extend(convert.finish_events(frame, tool_calls=pipeline.tool_calls,
-                                                                  reasoning_tokens=reasoning_tokens.total))
-                        finished = True
-                    if batch.events:
-                        if unsent_ids:  # what a gateway sends back to resume this stream elsewhere
-                            batch.token_ids_u32 = token_bytes.pack(unsent_ids)
-                            if len(unsent_frames) > 1:
-                                batch.frame_sizes.extend(unsent_frames)
-                            unsent_ids, unsent_frames = [], []
-                        yield batch
-                        sent = True
-            except grpc.aio.AioRpcError as exc:
-                error = errors.from_rpc_error(exc)
-            finally:
-                call.cancel()  # no-op when the stream ended; cancels the router call when the client left
-            if error is None and not finished:
-                error = InternalError("the router stream ended without a finish frame")
-            if error is not None:
-                span.set_status(trace.StatusCode.ERROR, error.message)
-                log.warning("parse.stream_error", request_id=request_id, error=error.message, sent=sent)
-                if not sent:
-                    await errors.abort_with(context, error)
+            async for batch in turn.stream(call):
+                yield batch
+            if turn.error is not None:
+                span.set_status(trace.StatusCode.ERROR, turn.error.message)
+                log.warning("parse.stream_error", request_id=request_id, error=turn.error.message, sent=turn.sent)
+                if not turn.sent:
+                    await errors.abort_with(context, turn.error)
                     return
-                yield chat_pb2.ChatEventBatch(events=[convert.error_event(errors.to_proto(error))])
+                yield chat_pb2.ChatEventBatch(events=[convert.error_event(errors.to_proto(turn.error))])
                 return
-            if watched is not None:
-                watched.commit()
-                if shared:
-                    await self._prefix_state.push(self._prefix_watch, session)  # after the last token, before EOF
-            if spec_turn is not None and spec_worker:
-                self.speculative.after_turn(request, spec_turn, request_id=request_id, worker_id=spec_worker,
-                                            conversation=conversation)
-            log.info("parse.request_finished", request_id=request_id, prompt_tokens=len(prompt.token_ids),
-                     tool_calls=pipeline.tool_calls)
+            for push in pushed:  # the shared state is written before EOF (when the consumer is still there)
+                await push
+
+    def _turn_finished(self, turn: ChatTurn, request: chat_pb2.ChatRequest, conversation: Conversation,
+                       session: str) -> list[asyncio.Future[None]]:
+        """At the turn's finish frame, before its batch goes out: the turn is recorded in the prefix watch (and
+        its sharing with other replicas starts), handed to speculative prefill and logged. Returns the push."""
+        pushes: list[asyncio.Future[None]] = []
+        if turn.watched is not None:
+            turn.watched.commit(turn.output.message())
+            self.metrics.prefix_turns.inc()
+            if self._prefix_state.shared:
+                pushes.append(self._background(self._prefix_state.push(self._prefix_watch, session)))
+        if turn.spec_turn is not None and turn.worker_id:
+            self.speculative.after_turn(request, turn.spec_turn, request_id=turn.request_id,
+                                        worker_id=turn.worker_id, conversation=conversation)
+        log.info("parse.request_finished", request_id=turn.request_id, prompt_tokens=turn.prompt_tokens,
+                 tool_calls=turn.pipeline.tool_calls)
+        return pushes
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """``work`` as a task that outlives the Chat call (kept referenced until done)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _prompt(
         self, request: chat_pb2.ChatRequest, attrs: dict[str, str]

@@ -88,6 +88,7 @@ class PythonicToolParser:
         self._depth = 0
         self._quote = ""
         self._escaped = False           # the next character is escaped (a backslash ended the last feed)
+        self._after_list = False        # START right after a list's "]"
 
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Event]:
         self._buf += text
@@ -141,6 +142,7 @@ class PythonicToolParser:
                 elif rest[0] == "]":  # the list ended: another may follow at once, else text
                     self._buf = rest[1:].lstrip().removeprefix("<|python_end|>")
                     self._s, self._start, self._opened, self._head = _S.START, [], 0, _CallHead()
+                    self._after_list = True
                 else:
                     self._buf, self._s = "", _S.TEXT
 
@@ -149,7 +151,8 @@ class PythonicToolParser:
         buf = self._buf
         while self._opened < 2:
             i = run_end(_SPACE, buf)
-            self._start.append(buf[:i])
+            if not self._after_list:  # whitespace after a list separates it from what follows: not text
+                self._start.append(buf[:i])
             buf = buf[i:]
             if not self._opened and buf.startswith(_PYTHON_START):
                 self._start.append(_PYTHON_START)
@@ -160,6 +163,7 @@ class PythonicToolParser:
                     break
                 self._buf = buf
                 return False
+            self._after_list = False
             if buf[0] != "[":
                 break
             self._start.append("[")

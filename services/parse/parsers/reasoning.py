@@ -8,10 +8,11 @@ Every marker-delimited family (``<think>``, ``[THINK]``, ``◁think▷``, Granit
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.parse.parsers.base import find_first, partial_marker_len
+from services.parse.parsers.base import find_first, partial_marker_len, run_end
 from services.parse.parsers.events import Event, ReasoningDelta, TextDelta
 
 
@@ -24,8 +25,10 @@ class ReasoningFormat:
     the model starts inside reasoning without writing the opener (DeepSeek-R1, MiniMax-M2, ...), so text
     before the first closer is reasoning whatever the prompt says, unless the prompt ends with a closed
     block (thinking switched off). ``implicit_ends``: markers that end reasoning without a closer and stay
-    in the text (Kimi K2.5's tool section). ``drop_stray_ends``: a closer met outside reasoning is markup
-    and is dropped (its text on both sides stays answer text); off for Granite, whose markers are prose.
+    in the text (Kimi K2.5's tool section), only when one of ``implicit_follows`` comes next (after
+    whitespace: the section's first call); otherwise the marker is reasoning text. ``drop_stray_ends``: a
+    closer met outside reasoning is markup and is dropped (its text on both sides stays answer text); off
+    for Granite, whose markers are prose.
     """
 
     starts: tuple[str, ...]
@@ -34,6 +37,7 @@ class ReasoningFormat:
     separator: str = "\n\n"
     forced: bool = False
     implicit_ends: tuple[str, ...] = ()
+    implicit_follows: tuple[str, ...] = ()
     drop_stray_ends: bool = True
 
     @property
@@ -47,6 +51,7 @@ class ReasoningFormat:
             starts=tuple(map(marker, self.starts)),
             ends=tuple(map(marker, self.ends)),
             implicit_ends=tuple(map(marker, self.implicit_ends)),
+            implicit_follows=tuple(map(marker, self.implicit_follows)),
         )
 
     def open_in(self, prompt: str) -> bool:
@@ -67,6 +72,9 @@ class ReasoningFormat:
         return any(tail.endswith(e) for e in self.ends)
 
 
+_SPACE = re.compile(r"\s*")
+_GAP = 16  # whitespace between an implicit end and the call that makes it one
+
 THINK = ReasoningFormat(starts=("<think>",), ends=("</think>",))
 FORCED_THINK = dataclasses.replace(THINK, forced=True)
 
@@ -76,7 +84,8 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "basic": THINK,
     "qwen3": THINK,
     # A tool-call section cannot be inside reasoning: it ends a forced block the model never closed.
-    "deepseek_r1": dataclasses.replace(FORCED_THINK, implicit_ends=("<｜tool▁calls▁begin｜>",)),  # noqa: RUF001
+    "deepseek_r1": dataclasses.replace(FORCED_THINK, implicit_ends=("<｜tool▁calls▁begin｜>",),  # noqa: RUF001
+                                       implicit_follows=("<｜tool▁call▁begin｜>",)),  # noqa: RUF001
     "deepseek_v3": THINK,
     "deepseek_v3_1": THINK,
     "nemotron_deci": THINK,
@@ -84,7 +93,8 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "nemotron3": FORCED_THINK,
     "glm45": dataclasses.replace(THINK, inner="", separator=""),
     "kimi": ReasoningFormat(starts=("◁think▷",), ends=("◁/think▷",), inner="", separator=""),
-    "kimi_k25": dataclasses.replace(FORCED_THINK, implicit_ends=("<|tool_calls_section_begin|>",)),
+    "kimi_k25": dataclasses.replace(FORCED_THINK, implicit_ends=("<|tool_calls_section_begin|>",),
+                                    implicit_follows=("<|tool_call_begin|>",)),
     "mistral": ReasoningFormat(starts=("[THINK]",), ends=("[/THINK]",), inner="", separator=""),
     "granite": ReasoningFormat(
         starts=("Here is my thought process:", "Here's my thought process:"),
@@ -92,7 +102,8 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
         separator="\n",
         drop_stray_ends=False,
     ),
-    "minimax_m2": dataclasses.replace(FORCED_THINK, implicit_ends=("<minimax:tool_call>",)),
+    "minimax_m2": dataclasses.replace(FORCED_THINK, implicit_ends=("<minimax:tool_call>",),
+                                      implicit_follows=('<invoke name="',)),
     "step3": FORCED_THINK,
 }
 
@@ -159,10 +170,13 @@ class TaggedReasoningParser:
                     self._strip_inner = False
                 self._at_start = False
                 at, end = find_first(self._buf, fmt.ends)
-                implicit, _ = find_first(self._buf, fmt.implicit_ends)
+                implicit, decided = self._implicit_end(final)
                 if implicit >= 0 and (at < 0 or implicit < at):
-                    self._emit(ReasoningDelta, self._buf[:implicit].removesuffix(fmt.inner), events)
-                    self._buf = self._buf[implicit:]
+                    before = self._buf[:implicit].removesuffix(fmt.inner)
+                    self._emit(ReasoningDelta, before, events)
+                    self._buf = self._buf[implicit if decided else len(before):]
+                    if not decided:
+                        break  # maybe the tool section: what follows the marker decides
                     self._in_reasoning = False
                     continue
                 if at >= 0:
@@ -197,6 +211,27 @@ class TaggedReasoningParser:
             self._buf = self._buf[len(self._buf) - hold:]
             break
         return events
+
+    def _implicit_end(self, final: bool) -> tuple[int, bool]:
+        """(where an implicit end ends reasoning, True), (where one that may still do so begins, False), or
+        (-1, False). One followed by anything but ``implicit_follows`` is reasoning text."""
+        fmt, buf, start = self._fmt, self._buf, 0
+        while True:
+            at, mark = -1, ""
+            for m in fmt.implicit_ends:
+                i = buf.find(m, start)
+                if i >= 0 and (at < 0 or i < at):
+                    at, mark = i, m
+            if at < 0 or not fmt.implicit_follows:
+                return at, at >= 0
+            after = at + len(mark)
+            gap = run_end(_SPACE, buf[after:after + _GAP + 1])
+            rest = buf[after + gap:after + gap + 64]
+            if any(rest.startswith(f) for f in fmt.implicit_follows):
+                return at, True
+            if not final and gap <= _GAP and any(f.startswith(rest) for f in fmt.implicit_follows):
+                return at, False
+            start = at + 1
 
     @staticmethod
     def _emit(kind: type[ReasoningDelta] | type[TextDelta], text: str, events: list[Event]) -> None:

@@ -45,12 +45,14 @@ class ToolFormat:
     params: ParamsFormat | None = None
     id_from_header: bool = False                # the header is the call id (Kimi K2: functions.NAME:0)
     bare_start: bool = False                    # a JSON object / array opening the output is a section
+    header_marks: tuple[str, ...] = ()          # may follow the name inside the header (Mistral's [CALL_ID])
     separators: str = ",;"
 
     @property
     def markers(self) -> tuple[str, ...]:
         out = [m for pair in self.sections for m in pair if m]
-        out += [m for m in (self.call_start, self.call_end, self.name_after, *self.header_ends) if m]
+        out += [m for m in (self.call_start, self.call_end, self.name_after, *self.header_ends, *self.header_marks)
+                if m]
         if self.params:
             out += [m for m in dataclasses.astuple(self.params) if m]
         return tuple(out)
@@ -67,6 +69,7 @@ class ToolFormat:
             sections=tuple((m(a), m(b)) for a, b in self.sections),
             call_start=m(self.call_start),
             header_ends=tuple(map(m, self.header_ends)),
+            header_marks=tuple(map(m, self.header_marks)),
             name_after=m(self.name_after),
             call_end=m(self.call_end),
             params=params,
@@ -91,7 +94,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
     ),
     "llama3_json": ToolFormat(sections=(("<|python_tag|>", ""),), bare_start=True),
     "mistral": ToolFormat(sections=(("[TOOL_CALLS]", ""),), header_ends=("[ARGS]",), name_after="",
-                          separators=","),
+                          header_marks=("[CALL_ID]",), separators=","),
     "nemotron_deci": ToolFormat(sections=(("<TOOLCALL>", "</TOOLCALL>"),)),
     "phi4": ToolFormat(sections=(("functools", ""),)),
     "jamba": ToolFormat(sections=(("<tool_calls>", "</tool_calls>"),)),

@@ -5,7 +5,12 @@ arrives, ``ToolCallDispatch`` the moment the arguments are complete and valid JS
 arguments when the value closes (before the object's ``}`` or any end marker, so formats without an
 end marker dispatch too), for XML-style parameters at the call's end marker.
 
-Recovery (end of stream or malformed input); markers never reach the visible text:
+A start marker opens a section only when the format's call header follows it (``tool_header.py``:
+``{"name"``, ``<function=``, a name and ``[ARGS]``, ...); otherwise the marker is text, released as
+soon as that is decided (a model quoting its own syntax in prose). Text after a section's calls that
+is no call ends the section and is text, markers included.
+
+Recovery (end of stream or malformed input):
 - a call whose arguments completed was dispatched; whatever follows it inside the section is dropped;
 - a call whose name is known but whose arguments never completed (output truncated at max_tokens) or
   are not valid JSON keeps the start / delta events already sent and is never dispatched;
@@ -14,7 +19,8 @@ Recovery (end of stream or malformed input); markers never reach the visible tex
 
 Linear in the input (``bench/parser_adversarial.py``): a value's scan resumes where the last feed
 stopped (``JsonScanner``), text that waits for a marker is held as pieces (``HeldText``), and the
-buffer between feeds only holds what is still undecided (at most half a marker).
+buffer between feeds only holds what is still undecided (at most half a marker, or a start marker and
+``tool_header.LIMIT`` characters of what may be its call header).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from services.parse.parsers.events import Event
 from services.parse.parsers.json_scan import JsonScanner, Scan
 from services.parse.parsers.tool_core import CallEmitter, ParserContext
 from services.parse.parsers.tool_formats import ToolFormat
+from services.parse.parsers.tool_header import HeaderProbe
 from services.parse.parsers.tool_params import ParamsBody
 
 _OBJECT_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:')
@@ -44,7 +51,7 @@ class _S(Enum):
     ARGS = 4        # a JSON arguments value
     PARAMS = 5
     TAIL = 6        # after the arguments: skip to the call's end
-    LOOSE = 7       # text inside a section that is not a call: held until the section's end
+    PROBE = 7       # after a start marker: does a call header follow (else the marker is text)?
 
 
 class MarkedToolParser:
@@ -57,7 +64,9 @@ class MarkedToolParser:
         self._s = _S.TEXT
         self._buf = ""                # fed text not yet consumed (at most an undecided marker's worth)
         self._lead: list[str] = []    # whitespace opening the output, while a bare_start call may follow
-        self._held = HeldText()       # a header, or loose section text, waiting for its marker
+        self._held = HeldText()       # a header waiting for its end marker
+        self._probe = HeaderProbe(self._f)
+        self._marker = ""             # PROBE: the start marker (text unless a call header follows)
         self._section_end = ""
         self._calls_in_section = 0
         self._array = False
@@ -110,8 +119,8 @@ class MarkedToolParser:
         if f.bare_start and not self._seen_text:
             stripped = self._buf.lstrip()
             if stripped[:1] in ("{", "["):
-                self._buf, self._lead = stripped, []
-                self._open_section("")
+                self._buf, self._marker = stripped, "".join(self._lead) + self._buf[: len(self._buf) - len(stripped)]
+                self._lead, self._section_end, self._s = [], "", _S.PROBE
                 return True
             if not stripped and not final:
                 if self._buf:
@@ -124,14 +133,25 @@ class MarkedToolParser:
         if at >= 0:
             self._calls.text(self._buf[:at], events)
             self._seen_text = True
-            self._buf = self._buf[at + len(start):]
-            self._open_section(self._sections[start])
+            self._buf, self._marker = self._buf[at + len(start):], start
+            self._section_end, self._s = self._sections[start], _S.PROBE
             return True
         hold = 0 if final else partial_marker_len(self._buf, *self._starts)
         emit, self._buf = self._buf[: len(self._buf) - hold], self._buf[len(self._buf) - hold:]
         self._seen_text = self._seen_text or bool(emit.strip())
         self._calls.text(emit, events)
         return False
+
+    def _probe_header(self, events: list[Event], final: bool) -> bool:
+        decided = self._probe.decide(self._buf, final=final)
+        if decided is None:
+            return False
+        if decided:
+            self._open_section(self._section_end)
+        else:  # not a call: the marker is text, and what follows is read as text again
+            self._calls.text(self._marker, events)
+            self._seen_text, self._s = True, _S.TEXT
+        return True
 
     def _section(self, events: list[Event], final: bool) -> bool:
         f = self._f
@@ -151,7 +171,7 @@ class MarkedToolParser:
                 elif marker == f.call_start:
                     return self._wait(_S.HEADER, f.header_ends)
                 else:
-                    self._open_section(self._sections[marker])
+                    self._marker, self._section_end, self._s = marker, self._sections[marker], _S.PROBE
                 return True
         if not final and any(m.startswith(buf) for m in candidates):
             return False
@@ -168,20 +188,7 @@ class MarkedToolParser:
             return True
         if f.header_ends and not f.call_start and not self._calls_in_section:
             return self._wait(_S.HEADER, f.header_ends)
-        if end:  # text inside a section that is not a call: visible, without the section's markers
-            return self._wait(_S.LOOSE, (end,))
-        self._s = _S.TEXT  # not a call: the section is over; what follows is text
-        return True
-
-    def _loose(self, events: list[Event], final: bool) -> bool:
-        at, _ = self._held.add(self._buf)
-        self._buf = ""
-        if at < 0 and not final:
-            return False
-        held = self._held.text()
-        self._calls.text(self._strip_markers(held if at < 0 else held[:at]), events)
-        self._buf = "" if at < 0 else held[at + len(self._section_end):]
-        self._s, self._held = _S.TEXT, HeldText()
+        self._s = _S.TEXT  # not a call: the section is over; what follows is text (markers included)
         return True
 
     def _object(self, events: list[Event], final: bool) -> bool:
@@ -319,5 +326,5 @@ class MarkedToolParser:
 _STEPS = {
     _S.TEXT: MarkedToolParser._text, _S.SECTION: MarkedToolParser._section, _S.OBJECT: MarkedToolParser._object,
     _S.HEADER: MarkedToolParser._header, _S.ARGS: MarkedToolParser._args, _S.PARAMS: MarkedToolParser._param_body,
-    _S.TAIL: MarkedToolParser._tail, _S.LOOSE: MarkedToolParser._loose,
+    _S.TAIL: MarkedToolParser._tail, _S.PROBE: MarkedToolParser._probe_header,
 }

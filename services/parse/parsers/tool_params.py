@@ -9,12 +9,16 @@ long in coming is held as pieces (linear in its length), never re-searched on ea
 from __future__ import annotations
 
 import json
+import re
 from enum import Enum
 
-from services.parse.parsers.base import HeldText, partial_marker_len
+from services.parse.parsers.base import HeldText, partial_marker_len, run_end
 from services.parse.parsers.events import Event
 from services.parse.parsers.tool_core import CallEmitter, ParserContext
 from services.parse.parsers.tool_formats import ParamsFormat
+
+_SPACE = re.compile(r"\s*")
+_GAP = 16  # whitespace a template writes between a value's end and the next parameter (a newline or two)
 
 
 class _P(Enum):
@@ -41,10 +45,12 @@ class ParamsBody:
         self._key_text = HeldText()
         self._value: list[str] = []
         self._fresh = True              # no value character seen yet (the leading trim is still possible)
+        self._after: tuple[str, ...] = ()  # what may follow a value's real end: the next parameter, the call's end
 
     def feed(self, buf: str, end: str, events: list[Event], calls: CallEmitter, *, final: bool) -> tuple[str, bool]:
         """Consume what it can of ``buf``; returns the rest and whether ``end`` closed the call."""
         f = self._f
+        self._after = (f.open, end)
         while True:
             if self._state is _P.BETWEEN:
                 buf = buf.lstrip()
@@ -92,15 +98,37 @@ class ParamsBody:
         self._value, self._fresh = [], True
         self._state = _P.VALUE_START if self._f.value_start else _P.VALUE
 
+    def _value_end(self, buf: str, *, final: bool) -> tuple[int, bool]:
+        """(where the value's real end marker is, True), or (where undecided text begins, False).
+
+        A ``value_end`` is the value's end only when the grammar's next step follows it (whitespace, then
+        the next parameter or the call's end); otherwise it is part of the value. One that is followed by
+        too little to tell is held (with at most ``_GAP`` characters of whitespace after it).
+        """
+        end_marker = self._f.value_end
+        start = 0
+        while True:
+            at = buf.find(end_marker, start)
+            if at < 0:
+                return len(buf) - (0 if final else partial_marker_len(buf, end_marker)), False
+            after = at + len(end_marker)
+            gap = run_end(_SPACE, buf[after:after + _GAP + 1])
+            rest = buf[after + gap: after + gap + 64]
+            if any(rest.startswith(m) for m in self._after if m):
+                return at, True
+            if any(m.startswith(rest) for m in self._after if m):
+                if not final:
+                    return at, False    # undecided: hold from the end marker on
+                return at, True         # the stream ended right after it
+            start = at + 1
+
     def _value_piece(self, buf: str, events: list[Event], calls: CallEmitter, *, final: bool) -> tuple[str, bool]:
         f = self._f
-        at = buf.find(f.value_end)
-        closed = at >= 0
+        at, closed = self._value_end(buf, final=final)
         if closed:
             piece, rest = buf[:at], buf[at + len(f.value_end):]
         else:
-            hold = 0 if final else partial_marker_len(buf, f.value_end)
-            piece, rest = buf[: len(buf) - hold], buf[len(buf) - hold:]
+            piece, rest = buf[:at], buf[at:]
             if f.trim and piece.endswith(f.trim) and not final:
                 piece, rest = piece[: -len(f.trim)], f.trim + rest
         if self._fresh and f.trim:
