@@ -165,8 +165,9 @@ class Router:
                 cached.update(found)
                 overlaps.update(found)
                 if pending is not None:
+                    best_cached = max(found.values(), default=0)
                     for wid in group:
-                        match = pending.match(wid, known, found[wid], self.index.holds(wid))
+                        match = pending.match(wid, known, found[wid], self.index.holds(wid), best_cached)
                         if match.predicted or match.shared:
                             overlaps[wid] += match.predicted
                             predicted[wid], shared[wid] = match.predicted, match.shared
