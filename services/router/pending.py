@@ -125,15 +125,9 @@ class PendingPrefixes:
         while self._expiring and self._expiring[0].expires_at <= now:
             self.drop(self._expiring.popleft())
 
-    def match(self, worker_id: str, block_hashes: Sequence[int], cached: int, holds: Container[int],
-              best_cached: int = 0) -> PendingMatch:
+    def match(self, worker_id: str, block_hashes: Sequence[int], cached: int, holds: Container[int]) -> PendingMatch:
         """Extend a worker's cached overlap (``cached`` leading blocks of ``block_hashes``, the worker's block
-        set ``holds``) through blocks predicted there, and count the overlap's blocks being computed there.
-
-        ``best_cached``: the longest overlap the KV index shows on any worker for this prompt. A prediction
-        never outweighs blocks already held: only the predicted blocks past it count (a worker predicted to
-        hold what another one holds now gains nothing over it; siblings whose shared prefix nobody holds yet
-        still meet where the first of them went)."""
+        set ``holds``) through blocks predicted there, and count the overlap's blocks being computed there."""
         state = self._workers.get(worker_id)
         if state is None or not (state.predicted or state.computing):
             return PendingMatch()
@@ -147,7 +141,6 @@ class PendingPrefixes:
                 end += run
                 stalled = 0 if run else stalled + 1
                 turn ^= 1
-        end = cached + max(0, end - max(cached, best_cached))
         computing = state.computing
         shared = sum(map(computing.__contains__, block_hashes[:end])) if computing else 0
         return PendingMatch(end - cached, shared)

@@ -165,9 +165,8 @@ class Router:
                 cached.update(found)
                 overlaps.update(found)
                 if pending is not None:
-                    best_cached = max(found.values(), default=0)
                     for wid in group:
-                        match = pending.match(wid, known, found[wid], self.index.holds(wid), best_cached)
+                        match = pending.match(wid, known, found[wid], self.index.holds(wid))
                         if match.predicted or match.shared:
                             overlaps[wid] += match.predicted
                             predicted[wid], shared[wid] = match.predicted, match.shared

@@ -253,29 +253,3 @@ def test_counting_a_prediction_and_uncounting_it_is_what_counting_block_by_block
             if not reference[block]:
                 del reference[block]
     assert counts == reference
-
-
-def test_a_prediction_never_outweighs_blocks_another_worker_holds() -> None:
-    # w0 holds a session's whole prefix; a request of that prefix was sent to w1 (w0 excluded: a retry),
-    # so w1 is predicted to hold it too. The next request of the prefix reuses what w0 holds, even though
-    # w0 is the busier worker: a prediction is a copy still being computed, the held one is there now.
-    for ttl, expected in ((3.0, "w0"), (None, "w0")):
-        router = make_router(workers=2, ttl=ttl)
-        prefix = sibling(300, 0, 0)
-        router.on_kv_events("w0", [StoredEvent(1, tuple(sequence_hashes(prefix, BS)))])
-        placement = router.place(sibling(300, 10, 1), exclude=frozenset({"w0"}))
-        held = router.begin("w1", placement, placement.candidates[0])
-        held.prefill_done()
-        router.registry.load("w0").active_blocks += 8 * 10 + 310 + 50
-        best = router.place(sibling(300, 10, 2)).candidates[0]
-        assert (best.worker_id, best.overlap_blocks, best.predicted_blocks) == (expected, 300, 0)
-
-
-def test_a_prediction_counts_only_past_the_longest_held_overlap() -> None:
-    pending = PendingPrefixes(3.0, Clock())
-    blocks = hashes(100)
-    pending.add("w1", blocks, cached=0, overlap=0)
-    assert pending.match("w1", blocks, 0, set()).predicted == 100
-    assert pending.match("w1", blocks, 0, set(), best_cached=60).predicted == 40
-    assert pending.match("w1", blocks, 60, set(blocks[:60]), best_cached=60).predicted == 40
-    assert pending.match("w1", blocks, 0, set(), best_cached=100).predicted == 0
