@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from services.kvcore.block_manager import KvSequence
 from services.kvcore.domain import PromptInfo
 from services.kvcore.outputs import CheckedRequest, OutputBuffer
+from services.kvcore.retention import RetentionHint
 from services.kvcore.stops import StopStringMatcher
 from services.kvcore.tokens import TokenSource
 
@@ -154,6 +155,7 @@ class CoreRequest(OutputBuffer):
         self.admitted: float | None = None
         self.prefilled: float | None = None
         self.order = 0                          # admission order, for preemption
+        self.retention: RetentionHint | None = None  # how its blocks are kept once it ends (retention.py)
 
     # -- scheduler side -------------------------------------------------------------------------
 

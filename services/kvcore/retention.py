@@ -1,0 +1,78 @@
+"""Agent-aware retention of inactive KV blocks: soft leases and evict-first marks (issue 35).
+
+The block manager keeps inactive blocks in one LRU list; retention only changes which of them an
+allocation evicts: blocks marked *first* (a finished sub-agent, a closed session), then blocks without a
+live lease in LRU order, then leased blocks (a session waiting on a tool call) in LRU order. A lease never
+makes an allocation fail. :class:`RetentionHint` is what a request asks for when it ends.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import islice, repeat
+
+
+@dataclass(frozen=True)
+class RetentionHint:
+    """How a request's blocks are kept once it ends: leased for ``hold_s`` seconds (its turn ended in a tool
+    call, or the client marked the prompt for caching), or evicted first (the agent will not come back)."""
+
+    hold_s: float = 0.0
+    first: bool = False
+
+
+@dataclass
+class RetentionStats:
+    """What retention did on one block manager (metrics, span attributes, the replay's report)."""
+
+    leases: int = 0              # sequences whose blocks were leased
+    leased_blocks: int = 0
+    hits: int = 0                # admissions that reused blocks under a live lease
+    hit_blocks: int = 0          # blocks reused under a live lease
+    expired_blocks: int = 0      # leased blocks evicted after their lease ended
+    broken_blocks: int = 0       # leased blocks evicted under a live lease (nothing else was left: soft)
+    marked_blocks: int = 0       # blocks marked to go first
+
+
+def choose_victims(lru: dict[int, None], leases: dict[int, float], first: dict[int, None], now: float,
+                   evict: int, stats: RetentionStats) -> list[int]:
+    """The ``evict`` inactive blocks to evict (``lru``: oldest first; it holds at least ``evict``). Leases and
+    marks of the victims end; leased blocks passed over move to ``lru``'s newest end (still inactive)."""
+    if not first:  # the usual case: none of the least recently used blocks is leased
+        oldest = list(islice(lru, evict))
+        if leases.keys().isdisjoint(oldest):
+            return oldest
+    victims: list[int] = []
+    while first and len(victims) < evict:
+        h = next(iter(first))
+        del first[h]
+        if h in lru:
+            victims.append(h)
+            leases.pop(h, None)
+    kept: list[int] = []
+    if len(victims) < evict:
+        chosen = set(victims)
+        for h in lru:
+            if h in chosen:
+                continue
+            until = leases.get(h)
+            if until is not None:
+                if until > now:
+                    kept.append(h)
+                    continue
+                del leases[h]
+                stats.expired_blocks += 1
+            victims.append(h)
+            if len(victims) == evict:
+                break
+    if len(victims) < evict:  # soft: leased blocks go too, least recently used first
+        broken = kept[: evict - len(victims)]
+        kept = kept[len(broken) :]
+        victims += broken
+        deque(map(leases.pop, broken), maxlen=0)
+        stats.broken_blocks += len(broken)
+    if kept:
+        deque(map(lru.pop, kept), maxlen=0)
+        lru.update(zip(kept, repeat(None)))
+    return victims
