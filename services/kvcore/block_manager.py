@@ -20,12 +20,8 @@ Invariants:
   prefix), so probe, acquire and free look up only a prompt's held head and read the rest from the LRU list's
   order where they can; ``tests/kvcore/test_block_manager_model.py`` checks every operation against a
   block-by-block reference model.
-* Retention (agent-aware, soft): :meth:`BlockManager.free` may *lease* a sequence's blocks for ``hold_s``
-  seconds of the injected clock (a session waiting on a tool call: its next turn repeats the prompt) or mark
-  them to go *first* (a finished sub-agent, a closed session). Eviction takes marked blocks first, then the
-  least recently used blocks without a live lease, and only then leased ones (oldest first): a lease never
-  makes an allocation fail, so it never refuses or preempts a request. Leased blocks passed over move to the
-  list's newest end. Without leases or marks eviction is plain LRU, step for step. KV events are unchanged.
+* Retention (``retention.py``): :meth:`BlockManager.free` may lease a sequence's blocks or mark them to go first;
+  eviction then prefers other blocks, softly (never failing an allocation). Without either it is plain LRU.
 * Each block of a sequence's token stream is hashed once: ``KvSequence.known`` keeps the stream's
   chained hashes across :meth:`BlockManager.free` (a preempted request re-admitted hashes nothing
   again), extended as the stream grows or seeded by a caller that already has them.
@@ -43,7 +39,7 @@ from operator import add, eq, gt, not_, sub
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.common.sequences import common_prefix
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock, stored_blocks
-from services.kvcore.retention import RetentionStats, choose_victims
+from services.kvcore.retention import Retention
 
 
 @dataclass(slots=True)
@@ -127,7 +123,6 @@ class BlockManager:
         self, num_blocks: int, block_size: int, on_event: Callable[[KvEvent], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``clock``: seconds, for leases (the simulator passes its simulated clock)."""
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.total_blocks = num_blocks
@@ -150,10 +145,7 @@ class BlockManager:
         self._watch = _NO_WATCH             # its inactive prefix blocks: one leaving the list voids it
         self.pending_events: list[KvEvent] = []
         self._on_event = on_event if on_event is not None else self.pending_events.append
-        self.clock = clock
-        self._leases: dict[int, float] = {}     # block hash -> when its lease ends (see retention above)
-        self._first: dict[int, None] = {}       # block hashes to evict before any other
-        self.retention = RetentionStats()
+        self.retention = Retention(clock)  # leases and evict-first marks, on ``clock`` (seconds)
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -252,24 +244,12 @@ class BlockManager:
                 self._void_probe()  # it was this sequence's, now admitted
             elif self._watch and not self._watch.isdisjoint(leaving):  # (no probe: no newest run either)
                 self._void_probe()
-        if self._leases or self._first:
-            self._reused(hashes)
+        if self.retention:
+            self.retention.reused(hashes)
         seq.hashes = hashes
         seq.length = len(hashes) * self.block_size
         seq.tail = []
         return seq.length
-
-    def _reused(self, hashes: list[int]) -> None:
-        """An admission took ``hashes``: their leases and marks end; leased ones count as lease hits."""
-        if self._first:
-            deque(map(self._first.pop, hashes, repeat(None)), maxlen=0)
-        if self._leases and not self._leases.keys().isdisjoint(hashes):
-            ends = [e for e in map(self._leases.pop, hashes, repeat(None)) if e is not None]
-            now = self.clock()
-            live = sum(1 for e in ends if e > now)
-            if live:
-                self.retention.hits += 1
-                self.retention.hit_blocks += live
 
     def probe_prefix(self, seq: KvSequence, token_ids: Sequence[int]) -> tuple[int, int]:
         """What :meth:`acquire_prefix` would take, without taking it: (cached leading blocks, how many of
@@ -422,14 +402,12 @@ class BlockManager:
         seq.length += len(token_ids)
 
     def free(self, seq: KvSequence, hold_s: float = 0.0, first: bool = False) -> None:
-        """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order).
-
-        ``hold_s`` > 0: lease its full blocks for that many seconds; ``first``: evict them before any other
-        (see retention in the module docstring)."""
+        """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order); ``hold_s`` > 0 leases
+        them for that many seconds, ``first`` marks them to be evicted before any other (``retention.py``)."""
         shared, inactive = self._shared, self._inactive
         hashes = seq.hashes
         if hashes and (hold_s > 0 or first):
-            self._retain(hashes, hold_s, first)
+            self.retention.retain(hashes, hold_s, first)
         # Blocks other sequences hold too lead (a block's holders hold its whole chain): a shared head, found
         # by looking up only its own blocks, then a rest with this holder alone, checked in one C pass.
         head = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
@@ -452,29 +430,11 @@ class BlockManager:
         seq.hashes = []
         seq.partial = None
 
-    def _retain(self, hashes: list[int], hold_s: float, first: bool) -> None:
-        if first:
-            self._first.update(zip(hashes, repeat(None)))
-            deque(map(self._leases.pop, hashes, repeat(None)), maxlen=0)
-            self.retention.marked_blocks += len(hashes)
-            return
-        self._leases.update(zip(hashes, repeat(self.clock() + hold_s)))
-        if self._first:
-            deque(map(self._first.pop, hashes, repeat(None)), maxlen=0)
-        self.retention.leases += 1
-        self.retention.leased_blocks += len(hashes)
-
-    @property
-    def held_blocks(self) -> int:
-        """Blocks under a lease now (some may have expired and not been looked at since)."""
-        return len(self._leases)
-
     def clear(self) -> bool:
         """Drop every cached block and emit ``KvCleared``; refused (False) while blocks are in use."""
         if self.active_blocks:
             return False
-        self._leases.clear()
-        self._first.clear()
+        self.retention.clear()
         for h in self._inactive:
             self._free_ids.append(self._full.pop(h))
         self._inactive.clear()
@@ -508,7 +468,7 @@ class BlockManager:
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
             return self._free_ids.pop()
-        if self._leases or self._first:
+        if self.retention:
             return self._take_block_ids(1, removed)[0]
         if not self.cached_blocks:
             raise KeyError("no free or inactive block left")  # callers check available_blocks first
@@ -532,21 +492,17 @@ class BlockManager:
             if evict > self.cached_blocks:
                 raise KeyError("no free or inactive block left")  # callers check available_blocks first
             lru = self._lru  # its oldest end: a detached run (the newest end) may stay
-            victims = self._retained_victims(evict) if self._leases or self._first else list(islice(lru, evict))
+            if self.retention:  # passed-over leased blocks moved to the newest end: probes must look again
+                victims, moved = self.retention.victims(self._inactive, evict)
+                self._lru_epoch += moved
+            else:
+                victims = list(islice(lru, evict))
             deque(map(lru.pop, victims), maxlen=0)
             if self._watch and not self._watch.isdisjoint(victims):
                 self._void_probe()
             removed.extend(victims)
             ids.extend(map(self._full.pop, victims))
         return ids
-
-    def _retained_victims(self, evict: int) -> list[int]:
-        lru = self._inactive
-        newest = next(reversed(lru), None)
-        victims = choose_victims(lru, self._leases, self._first, self.clock(), evict, self.retention)
-        if next(reversed(lru), None) != newest:  # leased blocks passed over moved to the newest end
-            self._lru_epoch += 1
-        return victims
 
     def _fill(self, seq: KvSequence, token_ids: Sequence[int], removed: list[int],
               runs: list[tuple[int | None, list[StoredBlock]]]) -> None:

@@ -9,6 +9,7 @@ makes an allocation fail. :class:`RetentionHint` is what a request asks for when
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice, repeat
 
@@ -76,3 +77,58 @@ def choose_victims(lru: dict[int, None], leases: dict[int, float], first: dict[i
         deque(map(lru.pop, kept), maxlen=0)
         lru.update(zip(kept, repeat(None)))
     return victims
+
+
+class Retention:
+    """One block manager's leases and evict-first marks, on its clock (seconds)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.leases: dict[int, float] = {}     # block hash -> when its lease ends
+        self.first: dict[int, None] = {}       # block hashes to evict before any other
+        self.stats = RetentionStats()
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks under a lease (some may have expired and not been looked at since)."""
+        return len(self.leases)
+
+    def __bool__(self) -> bool:
+        """Something is leased or marked (otherwise eviction is plain LRU)."""
+        return bool(self.leases or self.first)
+
+    def retain(self, hashes: list[int], hold_s: float, first: bool) -> None:
+        """A sequence holding ``hashes`` ended: lease them for ``hold_s`` seconds, or mark them ``first``."""
+        stats = self.stats
+        if first:
+            self.first.update(zip(hashes, repeat(None)))
+            deque(map(self.leases.pop, hashes, repeat(None)), maxlen=0)
+            stats.marked_blocks += len(hashes)
+            return
+        self.leases.update(zip(hashes, repeat(self.clock() + hold_s)))
+        if self.first:
+            deque(map(self.first.pop, hashes, repeat(None)), maxlen=0)
+        stats.leases += 1
+        stats.leased_blocks += len(hashes)
+
+    def reused(self, hashes: list[int]) -> None:
+        """An admission took ``hashes``: their leases and marks end; leased ones count as lease hits."""
+        if self.first:
+            deque(map(self.first.pop, hashes, repeat(None)), maxlen=0)
+        if self.leases and not self.leases.keys().isdisjoint(hashes):
+            ends = [e for e in map(self.leases.pop, hashes, repeat(None)) if e is not None]
+            now = self.clock()
+            live = sum(1 for e in ends if e > now)
+            if live:
+                self.stats.hits += 1
+                self.stats.hit_blocks += live
+
+    def victims(self, lru: dict[int, None], evict: int) -> tuple[list[int], bool]:
+        """:func:`choose_victims` on this manager's leases and marks; and whether blocks passed over moved."""
+        newest = next(reversed(lru), None)
+        victims = choose_victims(lru, self.leases, self.first, self.clock(), evict, self.stats)
+        return victims, next(reversed(lru), None) != newest
+
+    def clear(self) -> None:
+        self.leases.clear()
+        self.first.clear()

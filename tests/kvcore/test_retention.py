@@ -48,7 +48,7 @@ def test_a_tool_waiting_sessions_blocks_outlast_later_finished_turns() -> None:
         for k in range(1, 5):                           # finished turns overflow the cache
             run(bm, 10_000 * k, 8)
         assert cached(bm, waiting) == kept
-        assert bm.retention.leases == (1 if hold_s else 0)
+        assert bm.retention.stats.leases == (1 if hold_s else 0)
 
 
 def test_the_tool_result_turn_reuses_the_leased_prompt_and_counts_a_hit() -> None:
@@ -60,8 +60,8 @@ def test_the_tool_result_turn_reuses_the_leased_prompt_and_counts_a_hit() -> Non
     tokens = [*range(8 * BS), 7, 7, 7, 7, 7]   # the prompt, the call and its result
     assert bm.acquire_prefix(seq, tokens) == 8 * BS
     assert seq.hashes == waiting
-    assert (bm.retention.hits, bm.retention.hit_blocks) == (1, 8)
-    assert bm.held_blocks == 0
+    assert (bm.retention.stats.hits, bm.retention.stats.hit_blocks) == (1, 8)
+    assert bm.retention.held_blocks == 0
 
 
 def test_a_lease_never_used_expires_and_its_blocks_are_reused() -> None:
@@ -72,8 +72,8 @@ def test_a_lease_never_used_expires_and_its_blocks_are_reused() -> None:
     clock.now = 31.0
     run(bm, 20_000, 16)  # needs 8 of the inactive blocks: the expired lease's, least recently used
     assert cached(bm, waiting) == 0
-    assert bm.retention.expired_blocks == 8 and bm.retention.broken_blocks == 0
-    assert bm.held_blocks == 0
+    assert bm.retention.stats.expired_blocks == 8 and bm.retention.stats.broken_blocks == 0
+    assert bm.retention.held_blocks == 0
 
 
 def test_a_lease_is_soft_an_allocation_takes_leased_blocks_when_nothing_else_is_left() -> None:
@@ -82,7 +82,7 @@ def test_a_lease_is_soft_an_allocation_takes_leased_blocks_when_nothing_else_is_
     run(bm, 10_000, 8, hold_s=30.0)
     run(bm, 20_000, 12)   # only leased blocks left to evict: it still fits
     assert cached(bm, waiting) == 0  # the older lease went first
-    assert bm.retention.broken_blocks == 12
+    assert bm.retention.stats.broken_blocks == 12
 
 
 def test_a_finished_sub_agents_blocks_go_before_older_ones() -> None:
@@ -91,7 +91,7 @@ def test_a_finished_sub_agents_blocks_go_before_older_ones() -> None:
     done = run(bm, 10_000, 8, first=True)   # a sub-agent answered its parent: it will not come back
     run(bm, 20_000, 16)
     assert cached(bm, done) == 0 and cached(bm, older) == 8
-    assert bm.retention.marked_blocks == 8
+    assert bm.retention.stats.marked_blocks == 8
 
 
 def test_events_stay_exact_under_retention() -> None:
@@ -136,11 +136,11 @@ def test_a_lease_never_refuses_or_preempts_a_running_request(retention: bool) ->
     tool_turn = request("tool", 0, 40, 2)
     tool_turn.retention = RetentionHint(hold_s=600.0)
     drive(core, tool_turn)
-    assert core.blocks.held_blocks == (10 if retention else 0)
+    assert core.blocks.retention.held_blocks == (10 if retention else 0)
     big = request("big", 50_000, 56, 6)     # needs 15 of the 16 blocks: the leased ones among them
     drive(core, big)
     assert big.generated == 6 and core.scheduler.preemptions == 0
-    assert core.blocks.retention.broken_blocks == (10 if retention else 0)
+    assert core.blocks.retention.stats.broken_blocks == (10 if retention else 0)
 
 
 def test_the_off_switch_ignores_hints() -> None:
@@ -148,4 +148,4 @@ def test_the_off_switch_ignores_hints() -> None:
     req = request("a", 0, 20, 2)
     req.retention = RetentionHint(hold_s=60.0)
     drive(core, req)
-    assert core.blocks.held_blocks == 0 and core.blocks.retention.leases == 0
+    assert core.blocks.retention.held_blocks == 0 and core.blocks.retention.stats.leases == 0
