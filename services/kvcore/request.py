@@ -155,7 +155,10 @@ class CoreRequest(OutputBuffer):
         self.admitted: float | None = None
         self.prefilled: float | None = None
         self.order = 0                          # admission order, for preemption
-        self.retention: RetentionHint | None = None  # how its blocks are kept once it ends (retention.py)
+        # how its blocks are kept once it ends (retention.py): the request's own hint, or the caller's (the replay)
+        self.retention: RetentionHint | None = (
+            RetentionHint(request.retention_hold_s, request.retention_first)
+            if request.retention_hold_s > 0 or request.retention_first else None)
 
     # -- scheduler side -------------------------------------------------------------------------
 

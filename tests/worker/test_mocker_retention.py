@@ -1,0 +1,56 @@
+"""Agent-aware retention through a worker's gRPC request: the issue-35 scenario on the mocker engine (a tool-call
+turn, then finished turns that overflow the KV, then the tool result), with the worker's switch on and off."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from services.api import worker_pb2
+from services.common import token_bytes
+from services.worker.convert import request_from_proto
+from services.worker.engine import EngineOutput, EngineRequest
+from services.worker.mocker import MockerEngine
+
+Make = Callable[..., Any]
+PROMPT = 480  # tokens: 30 blocks of 16; the cache holds 64
+
+
+def turn(rid: str, tokens: list[int], hold_s: float = 0.0) -> EngineRequest:
+    msg = worker_pb2.GenerateRequest(request_id=rid, token_ids_u32=token_bytes.pack(tokens),
+                                     retention=worker_pb2.KvRetention(hold_s=hold_s))
+    msg.sampling.max_tokens = 4
+    msg.sampling.ignore_eos = True
+    return request_from_proto(msg)
+
+
+async def cached_tokens(engine: MockerEngine, req: EngineRequest) -> int:
+    outs: list[EngineOutput] = [out async for out in engine.generate(req)]
+    assert outs[-1].finish_reason is not None
+    first = next(o.prompt for o in outs if o.prompt is not None)
+    return first.cached_tokens
+
+
+@pytest.mark.parametrize(("retention", "least", "most"), [(True, 0.9, 1.0), (False, 0.0, 0.05)])
+async def test_the_tool_result_turn_finds_its_prompt_cached_only_with_retention(
+        make_engine: Make, retention: bool, least: float, most: float) -> None:
+    engine = await make_engine(block_size=16, num_blocks=64, retention=retention)
+    session = list(range(1000, 1000 + PROMPT))
+    await cached_tokens(engine, turn("tool-call", session, hold_s=60.0))   # the turn ended in a tool call
+    for k in range(8):                                                     # unrelated finished turns
+        other = list(range(100_000 * (k + 1), 100_000 * (k + 1) + PROMPT))
+        await cached_tokens(engine, turn(f"done-{k}", other))
+    result = [*session, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]               # the call and its result appended
+    cached = await cached_tokens(engine, turn("tool-result", result))
+    assert least * PROMPT <= cached <= most * PROMPT
+
+
+def test_the_grpc_request_carries_the_hint_to_the_engine_core() -> None:
+    req = request_from_proto(worker_pb2.GenerateRequest(
+        request_id="r", token_ids_u32=token_bytes.pack([1, 2, 3]),
+        retention=worker_pb2.KvRetention(hold_s=12.5, evict_first=False)))
+    assert (req.retention_hold_s, req.retention_first) == (12.5, False)
+    plain = request_from_proto(worker_pb2.GenerateRequest(request_id="p", token_ids_u32=token_bytes.pack([1])))
+    assert (plain.retention_hold_s, plain.retention_first) == (0.0, False)
