@@ -401,13 +401,13 @@ class BlockManager:
         seq.tail.extend(token_ids)
         seq.length += len(token_ids)
 
-    def free(self, seq: KvSequence, hold_s: float = 0.0, first: bool = False) -> None:
+    def free(self, seq: KvSequence, hold_s: float = 0.0, first: bool = False, strong: bool = False) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order); ``hold_s`` > 0 leases
-        them for that many seconds, ``first`` marks them to be evicted before any other (``retention.py``)."""
+        them for that many seconds (``strong``: a tool wait), ``first`` marks them to go first (``retention.py``)."""
         shared, inactive = self._shared, self._inactive
         hashes = seq.hashes
         if hashes and (hold_s > 0 or first):
-            self.retention.retain(hashes, hold_s, first)
+            self.retention.retain(hashes, hold_s, first, strong)
         # Blocks other sequences hold too lead (a block's holders hold its whole chain): a shared head, found
         # by looking up only its own blocks, then a rest with this holder alone, checked in one C pass.
         head = len(list(takewhile(shared.__contains__, hashes))) if shared else 0

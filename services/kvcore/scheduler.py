@@ -96,7 +96,9 @@ class Scheduler:
             self.waiting.remove(request)
         hint = request.retention if self.retention else None
         if hint is not None and request.seq.hashes:
-            self.blocks.free(request.seq, hint.hold_s, hint.first)
+            generated = request.all_tokens[len(request.all_tokens) - request.generated :] if request.generated else ()
+            hold_s, strong = hint.lease_for(generated)
+            self.blocks.free(request.seq, hold_s, hint.first, strong)
         else:
             self.blocks.free(request.seq)
         request.lose_blocks()

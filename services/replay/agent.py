@@ -46,7 +46,7 @@ class AgentRetention:
 
     def hint(self, req: TraceRequest) -> RetentionHint | None:
         if req.stop == TOOL_CALL:
-            return RetentionHint(hold_s=self._hold_s)
+            return RetentionHint(hold_s=self._hold_s, strong=True)
         if req.stop == ANSWER and "/" in req.session:  # a sub-agent answered its parent: it is done
             return RetentionHint(first=True)
         return None

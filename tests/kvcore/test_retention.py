@@ -149,3 +149,20 @@ def test_the_off_switch_ignores_hints() -> None:
     req.retention = RetentionHint(hold_s=60.0)
     drive(core, req)
     assert core.blocks.retention.held_blocks == 0 and core.blocks.retention.stats.leases == 0
+
+
+def test_a_plain_lease_goes_before_a_tool_waits_when_only_leased_blocks_are_left() -> None:
+    bm = BlockManager(16, BS, clock=Clock())
+    tool_wait = run(bm, 0, 8)
+    bm.retention.retain(tool_wait, 30.0, first=False, strong=True)  # as free(..., strong=True) leases them
+    cached_5m = run(bm, 10_000, 8, hold_s=300.0)                    # cache_control: a plain lease, newer
+    run(bm, 20_000, 8)
+    assert cached(bm, tool_wait) == 8 and cached(bm, cached_5m) == 0
+
+
+def test_the_lease_a_hint_asks_for_depends_on_how_the_turn_ended() -> None:
+    hint = RetentionHint(hold_s=300.0, tool_call_hold_s=60.0, tool_call_ids=frozenset({4098}))
+    assert hint.lease_for([11, 4098, 12]) == (300.0, True)   # a tool call: strong
+    assert hint.lease_for([11, 12]) == (300.0, False)        # an answer: only what cache_control asked
+    assert RetentionHint(tool_call_hold_s=60.0, tool_call_ids=frozenset({4098})).lease_for([5]) == (0.0, False)
+    assert RetentionHint(hold_s=20.0, strong=True).lease_for([]) == (20.0, True)

@@ -18,11 +18,13 @@ Make = Callable[..., Any]
 PROMPT = 480  # tokens: 30 blocks of 16; the cache holds 64
 
 
-def turn(rid: str, tokens: list[int], hold_s: float = 0.0) -> EngineRequest:
-    msg = worker_pb2.GenerateRequest(request_id=rid, token_ids_u32=token_bytes.pack(tokens),
-                                     retention=worker_pb2.KvRetention(hold_s=hold_s))
-    msg.sampling.max_tokens = 4
-    msg.sampling.ignore_eos = True
+def turn(rid: str, tokens: list[int], match_text: str = "", cache_ttl_s: float = 0.0) -> EngineRequest:
+    """A turn as the parse service sends it for a conversation with tools: hold its KV for 60 s if it ends in
+    a tool call (the scripted reply to "weather" is one; to "say hi", an answer)."""
+    msg = worker_pb2.GenerateRequest(request_id=rid, token_ids_u32=token_bytes.pack(tokens), match_text=match_text,
+                                     retention=worker_pb2.KvRetention(tool_call_hold_s=60.0))
+    msg.hints.cache_ttl_s = cache_ttl_s
+    msg.sampling.max_tokens = 64
     return request_from_proto(msg)
 
 
@@ -38,19 +40,34 @@ async def test_the_tool_result_turn_finds_its_prompt_cached_only_with_retention(
         make_engine: Make, retention: bool, least: float, most: float) -> None:
     engine = await make_engine(block_size=16, num_blocks=64, retention=retention)
     session = list(range(1000, 1000 + PROMPT))
-    await cached_tokens(engine, turn("tool-call", session, hold_s=60.0))   # the turn ended in a tool call
-    for k in range(8):                                                     # unrelated finished turns
+    await cached_tokens(engine, turn("tool-call", session, "weather in Paris?"))  # ends in a tool call
+    for k in range(8):                                                     # unrelated turns that answered
         other = list(range(100_000 * (k + 1), 100_000 * (k + 1) + PROMPT))
-        await cached_tokens(engine, turn(f"done-{k}", other))
+        await cached_tokens(engine, turn(f"done-{k}", other, "say hi"))
     result = [*session, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]               # the call and its result appended
     cached = await cached_tokens(engine, turn("tool-result", result))
     assert least * PROMPT <= cached <= most * PROMPT
 
 
-def test_the_grpc_request_carries_the_hint_to_the_engine_core() -> None:
-    req = request_from_proto(worker_pb2.GenerateRequest(
-        request_id="r", token_ids_u32=token_bytes.pack([1, 2, 3]),
-        retention=worker_pb2.KvRetention(hold_s=12.5, evict_first=False)))
-    assert (req.retention_hold_s, req.retention_first) == (12.5, False)
+async def test_an_answered_turn_is_not_held_and_an_unused_lease_expires(make_engine: Make) -> None:
+    engine = await make_engine(block_size=16, num_blocks=64)
+    await cached_tokens(engine, turn("answer", list(range(1000, 1000 + PROMPT)), "say hi"))
+    assert engine.core.blocks.retention.held_blocks == 0
+    await cached_tokens(engine, turn("tool-call", list(range(5000, 5000 + PROMPT)), "weather in Paris?"))
+    held = engine.core.blocks.retention.held_blocks
+    assert held >= PROMPT // 16
+    engine.core.blocks.retention.clock = lambda: float("inf")  # the tool result never came: the lease ran out
+    for k in range(3):
+        await cached_tokens(engine, turn(f"next-{k}", list(range(100_000 * (k + 1), 100_000 * (k + 1) + PROMPT))))
+    stats = engine.core.blocks.retention.stats
+    assert stats.expired_blocks > 0 and stats.broken_blocks == 0 and stats.hits == 0
+
+
+def test_the_grpc_request_carries_the_hints_to_the_engine_core() -> None:
+    msg = worker_pb2.GenerateRequest(request_id="r", token_ids_u32=token_bytes.pack([1, 2, 3]),
+                                     retention=worker_pb2.KvRetention(tool_call_hold_s=60.0, evict_first=False))
+    msg.hints.cache_ttl_s = 300.0
+    req = request_from_proto(msg)
+    assert (req.retention_hold_s, req.retention_first, req.retention_tool_call_hold_s) == (300.0, False, 60.0)
     plain = request_from_proto(worker_pb2.GenerateRequest(request_id="p", token_ids_u32=token_bytes.pack([1])))
-    assert (plain.retention_hold_s, plain.retention_first) == (0.0, False)
+    assert (plain.retention_hold_s, plain.retention_first, plain.retention_tool_call_hold_s) == (0.0, False, 0.0)
