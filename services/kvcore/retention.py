@@ -9,10 +9,12 @@ fail. :class:`RetentionHint` is what a request asks for when it ends.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice, repeat
+from itertools import compress, count, islice, repeat
+from operator import and_, ne, not_
 
 # Tool-call start markers that are one token in their models' vocabularies (Hermes/Qwen, Llama 3, Nemotron,
 # Mistral, Kimi, DeepSeek): a turn whose output holds one ended in a tool call.
@@ -76,21 +78,7 @@ def choose_victims(lru: dict[int, None], leases: dict[int, float], strong: dict[
             strong.pop(h, None)
     kept: list[int] = []
     if len(victims) < evict:
-        chosen = set(victims)
-        for h in lru:
-            if h in chosen:
-                continue
-            until = leases.get(h)
-            if until is not None:
-                if until > now:
-                    kept.append(h)
-                    continue
-                del leases[h]
-                strong.pop(h, None)
-                stats.expired_blocks += 1
-            victims.append(h)
-            if len(victims) == evict:
-                break
+        _scan(lru, leases, strong, now, evict, victims, kept, stats)
     if len(victims) < evict:  # soft: leased blocks go too, plain leases before strong ones, each oldest first
         order = [h for h in kept if h not in strong] + [h for h in kept if h in strong] if strong else kept
         broken = order[: evict - len(victims)]
@@ -104,6 +92,33 @@ def choose_victims(lru: dict[int, None], leases: dict[int, float], strong: dict[
         deque(map(lru.pop, kept), maxlen=0)
         lru.update(zip(kept, repeat(None)))
     return victims
+
+
+def _scan(lru: dict[int, None], leases: dict[int, float], strong: dict[int, None], now: float, evict: int,
+          victims: list[int], kept: list[int], stats: RetentionStats) -> None:
+    """Extend ``victims`` to ``evict`` blocks in LRU order with blocks under no live lease (expired leases end);
+    the leased blocks passed over go to ``kept``. In chunks, each checked in C passes (a lease-free block's end
+    reads as -inf)."""
+    chosen = set(victims)
+    blocks = (h for h in lru if h not in chosen) if chosen else iter(lru)
+    while len(victims) < evict:
+        chunk = list(islice(blocks, 2 * (evict - len(victims)) + 64))
+        if not chunk:
+            return
+        ends = list(map(leases.get, chunk, repeat(-math.inf)))
+        free = list(map(now.__ge__, ends))
+        at = list(compress(count(), free))
+        need = evict - len(victims)
+        if len(at) >= need:  # the chunk ends with the last victim needed
+            cut = at[need - 1] + 1
+            chunk, ends, free = chunk[:cut], ends[:cut], free[:cut]
+        victims += compress(chunk, free)
+        kept += compress(chunk, map(not_, free))
+        expired = list(compress(chunk, map(and_, free, map(ne, ends, repeat(-math.inf)))))
+        if expired:
+            deque(map(leases.pop, expired), maxlen=0)
+            deque(map(strong.pop, expired, repeat(None)), maxlen=0)
+            stats.expired_blocks += len(expired)
 
 
 class Retention:
@@ -151,9 +166,8 @@ class Retention:
         if self.leases and not self.leases.keys().isdisjoint(hashes):
             if self.strong:
                 deque(map(self.strong.pop, hashes, repeat(None)), maxlen=0)
-            ends = [e for e in map(self.leases.pop, hashes, repeat(None)) if e is not None]
-            now = self.clock()
-            live = sum(1 for e in ends if e > now)
+            ends = list(map(self.leases.pop, hashes, repeat(-math.inf)))
+            live = sum(map(self.clock().__lt__, ends))
             if live:
                 self.stats.hits += 1
                 self.stats.hit_blocks += live
