@@ -71,3 +71,23 @@ def test_the_grpc_request_carries_the_hints_to_the_engine_core() -> None:
     assert (req.retention_hold_s, req.retention_first, req.retention_tool_call_hold_s) == (300.0, False, 60.0)
     plain = request_from_proto(worker_pb2.GenerateRequest(request_id="p", token_ids_u32=token_bytes.pack([1])))
     assert (plain.retention_hold_s, plain.retention_first, plain.retention_tool_call_hold_s) == (0.0, False, 0.0)
+
+
+async def test_leases_and_hits_show_in_the_workers_metrics(make_engine: Make) -> None:
+    from prometheus_client import generate_latest
+
+    from services.worker.metrics import WorkerMetrics
+
+    engine = await make_engine(block_size=16, num_blocks=64)
+    metrics = WorkerMetrics()
+    metrics.watch(engine, "w1")
+    session = list(range(1000, 1000 + PROMPT))
+    await cached_tokens(engine, turn("tool-call", session, "weather in Paris?"))
+    text = generate_latest(metrics.registry).decode()
+    held = engine.stats().extra["kv_retention_held_blocks"]
+    assert held >= PROMPT // 16 and f'harnessmesh_worker_kv_leased_blocks{{worker="w1"}} {held}' in text, text[-1500:]
+    await cached_tokens(engine, turn("tool-result", [*session, 7, 8]))
+    text = generate_latest(metrics.registry).decode()
+    assert 'harnessmesh_worker_kv_retention_lease_hits_total{worker="w1"} 1.0' in text
+    assert f'harnessmesh_worker_kv_retention_hit_blocks_total{{worker="w1"}} {float(PROMPT // 16)}' in text
+    assert engine.stats().extra["kv_retention_leases"] == 1.0
