@@ -244,7 +244,7 @@ class BlockManager:
                 self._void_probe()  # it was this sequence's, now admitted
             elif self._watch and not self._watch.isdisjoint(leaving):  # (no probe: no newest run either)
                 self._void_probe()
-        if self.retention:
+        if self.retention.leases or self.retention.first:
             self.retention.reused(hashes)
         seq.hashes = hashes
         seq.length = len(hashes) * self.block_size
@@ -468,7 +468,7 @@ class BlockManager:
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
             return self._free_ids.pop()
-        if self.retention:
+        if self.retention.leases or self.retention.first:
             return self._take_block_ids(1, removed)[0]
         if not self.cached_blocks:
             raise KeyError("no free or inactive block left")  # callers check available_blocks first
@@ -492,7 +492,7 @@ class BlockManager:
             if evict > self.cached_blocks:
                 raise KeyError("no free or inactive block left")  # callers check available_blocks first
             lru = self._lru  # its oldest end: a detached run (the newest end) may stay
-            if self.retention:  # passed-over leased blocks moved to the newest end: probes must look again
+            if self.retention.leases or self.retention.first:  # passed-over leased blocks moved: probes look again
                 victims, moved = self.retention.victims(self._inactive, evict)
                 self._lru_epoch += moved
             else:

@@ -136,10 +136,6 @@ class Retention:
         """Blocks under a lease (some may have expired and not been looked at since)."""
         return len(self.leases)
 
-    def __bool__(self) -> bool:
-        """Something is leased or marked (otherwise eviction is plain LRU)."""
-        return bool(self.leases or self.first)
-
     def retain(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> None:
         """A sequence holding ``hashes`` ended: lease them for ``hold_s`` seconds (``strong``: a tool wait), or
         mark them ``first``."""
