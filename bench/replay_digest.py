@@ -1,7 +1,7 @@
 """A fingerprint of one simulated replay, finer than ``harnessmesh replay --json``: to prove a faster simulator exact.
 
     python bench/replay_digest.py TRACE.jsonl [--workers 4] [--num-blocks 2048] [--router kv] [--limit N]
-                                  [--overlap-weight W] [--out FILE]
+                                  [--overlap-weight W] [--[no-]retention] [--out FILE]
 
 Prints (or writes) one JSON object: the replay's summary (``ReplayResult.as_json``), a hash of every
 request's record (arrival, worker, first-token and finish times as exact float reprs, output and cached
@@ -69,9 +69,13 @@ def main() -> None:
     ap.add_argument("--overlap-weight", type=float, default=None)
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--out", default="")
+    ap.add_argument("--retention", action=argparse.BooleanOptionalAction, default=None,
+                    help="agent traces: the workers' retention (default: the replay's)")
     args = ap.parse_args()
     worker = SimWorkerConfig(block_size=args.block_size, num_blocks=args.num_blocks)
-    extra = {} if args.overlap_weight is None else {"overlap_weight": args.overlap_weight}
+    extra: dict[str, float | bool] = {} if args.overlap_weight is None else {"overlap_weight": args.overlap_weight}
+    if args.retention is not None:
+        extra["retention"] = args.retention
     config = ReplayConfig(workers=args.workers, mode=args.router, worker=worker, **extra)
     text = json.dumps(digest(args.trace, config, args.limit), indent=1, sort_keys=True)
     if args.out:

@@ -78,7 +78,8 @@ def run_dynamo_replay(python: Path, trace: Path, cfg: ReplayConfig) -> tuple[Tim
     done = _timed([str(python), str(Path(__file__).with_name("dynamo_replay.py")), str(trace),
                         json.dumps(asdict(cfg))], env)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    keep = ("completed_requests", "prefix_cache_reused_ratio", "median_ttft_ms", "duration_ms", "wall_time_ms")
+    keep = ("completed_requests", "prefix_cache_reused_ratio", "median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms",
+            "duration_ms", "wall_time_ms")
     return done, {k: summary.get(k) for k in keep}
 
 

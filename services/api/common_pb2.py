@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/api/common.proto\x12\x0eharnessmesh.v1\"\xab\x01\n\x08Identity\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x19\n\x11parent_session_id\x18\x03 \x01(\t\x12\x0f\n\x07harness\x18\x04 \x01(\t\x12\x17\n\x0fsession_type_id\x18\x05 \x01(\t\x12\x1c\n\x14parent_trajectory_id\x18\x06 \x01(\t\x12\x11\n\tanonymous\x18\x07 \x01(\x08\"H\n\nAgentHints\x12\x10\n\x08priority\x18\x01 \x01(\x05\x12\x0b\n\x03osl\x18\x02 \x01(\x05\x12\x1b\n\x13speculative_prefill\x18\x03 \x01(\x08\"\xc8\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"j\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x18\n\x10reasoning_tokens\x18\x04 \x01(\x05\"P\n\x05\x45rror\x12\'\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x19.harnessmesh.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05param\x18\x03 \x01(\t*\xb3\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*\xef\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x45RROR_CODE_INVALID_REQUEST\x10\x01\x12\x18\n\x14\x45RROR_CODE_NOT_FOUND\x10\x02\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x03\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x04\x12\x1e\n\x1a\x45RROR_CODE_UNAUTHENTICATED\x10\x05\x12\x18\n\x14\x45RROR_CODE_CANCELLED\x10\x06\x12\x1d\n\x19\x45RROR_CODE_CONTEXT_LENGTH\x10\x07\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/api/common.proto\x12\x0eharnessmesh.v1\"\xab\x01\n\x08Identity\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x19\n\x11parent_session_id\x18\x03 \x01(\t\x12\x0f\n\x07harness\x18\x04 \x01(\t\x12\x17\n\x0fsession_type_id\x18\x05 \x01(\t\x12\x1c\n\x14parent_trajectory_id\x18\x06 \x01(\t\x12\x11\n\tanonymous\x18\x07 \x01(\x08\"]\n\nAgentHints\x12\x10\n\x08priority\x18\x01 \x01(\x05\x12\x0b\n\x03osl\x18\x02 \x01(\x05\x12\x1b\n\x13speculative_prefill\x18\x03 \x01(\x08\x12\x13\n\x0b\x63\x61\x63he_ttl_s\x18\x04 \x01(\x02\"\xc8\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\x05\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"j\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x18\n\x10reasoning_tokens\x18\x04 \x01(\x05\"P\n\x05\x45rror\x12\'\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x19.harnessmesh.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05param\x18\x03 \x01(\t*\xb3\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*\xef\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x45RROR_CODE_INVALID_REQUEST\x10\x01\x12\x18\n\x14\x45RROR_CODE_NOT_FOUND\x10\x02\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x03\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x04\x12\x1e\n\x1a\x45RROR_CODE_UNAUTHENTICATED\x10\x05\x12\x18\n\x14\x45RROR_CODE_CANCELLED\x10\x06\x12\x1d\n\x19\x45RROR_CODE_CONTEXT_LENGTH\x10\x07\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.api.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=687
-  _globals['_FINISHREASON']._serialized_end=866
-  _globals['_ERRORCODE']._serialized_start=869
-  _globals['_ERRORCODE']._serialized_end=1108
+  _globals['_FINISHREASON']._serialized_start=708
+  _globals['_FINISHREASON']._serialized_end=887
+  _globals['_ERRORCODE']._serialized_start=890
+  _globals['_ERRORCODE']._serialized_end=1129
   _globals['_IDENTITY']._serialized_start=46
   _globals['_IDENTITY']._serialized_end=217
   _globals['_AGENTHINTS']._serialized_start=219
-  _globals['_AGENTHINTS']._serialized_end=291
-  _globals['_SAMPLINGPARAMS']._serialized_start=294
-  _globals['_SAMPLINGPARAMS']._serialized_end=494
-  _globals['_USAGE']._serialized_start=496
-  _globals['_USAGE']._serialized_end=602
-  _globals['_ERROR']._serialized_start=604
-  _globals['_ERROR']._serialized_end=684
+  _globals['_AGENTHINTS']._serialized_end=312
+  _globals['_SAMPLINGPARAMS']._serialized_start=315
+  _globals['_SAMPLINGPARAMS']._serialized_end=515
+  _globals['_USAGE']._serialized_start=517
+  _globals['_USAGE']._serialized_end=623
+  _globals['_ERROR']._serialized_start=625
+  _globals['_ERROR']._serialized_end=705
 # @@protoc_insertion_point(module_scope)

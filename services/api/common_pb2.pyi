@@ -146,22 +146,26 @@ class AgentHints(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     OSL_FIELD_NUMBER: _builtins.int
     SPECULATIVE_PREFILL_FIELD_NUMBER: _builtins.int
+    CACHE_TTL_S_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """higher runs first when workers are saturated"""
     osl: _builtins.int
     """expected output length in tokens (0: unknown)"""
     speculative_prefill: _builtins.bool
     """prefill the prompt now; the real turn follows"""
+    cache_ttl_s: _builtins.float
+    """the client asked for the prompt to be cached this long (Anthropic cache_control)"""
     def __init__(
         self,
         *,
         priority: _builtins.int = ...,
         osl: _builtins.int = ...,
         speculative_prefill: _builtins.bool = ...,
+        cache_ttl_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["osl", b"osl", "priority", b"priority", "speculative_prefill", b"speculative_prefill"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_ttl_s", b"cache_ttl_s", "osl", b"osl", "priority", b"priority", "speculative_prefill", b"speculative_prefill"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

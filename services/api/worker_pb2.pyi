@@ -39,6 +39,7 @@ class GenerateRequest(_message.Message):
     PROMPT_BASE_FIELD_NUMBER: _builtins.int
     PROMPT_KEY_FIELD_NUMBER: _builtins.int
     CONTINUED_TOKENS_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     token_ids_u32: _builtins.bytes
     """The prompt's token ids as little-endian uint32, 4 bytes each (services/common/token_bytes.py packs
@@ -83,6 +84,12 @@ class GenerateRequest(_message.Message):
         sender sends the whole prompt again.
         """
 
+    @_builtins.property
+    def retention(self) -> Global___KvRetention:
+        """How the engine keeps this request's KV blocks once it ends (agent-aware retention, docs/agent-kv.md).
+        Set by the parse service from what the conversation shows; an engine without retention ignores it.
+        """
+
     def __init__(
         self,
         *,
@@ -100,14 +107,47 @@ class GenerateRequest(_message.Message):
         prompt_base: Global___PromptBase | None = ...,
         prompt_key: _builtins.str = ...,
         continued_tokens: _builtins.int = ...,
+        retention: Global___KvRetention | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints", "identity", b"identity", "prompt_base", b"prompt_base", "sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hints", b"hints", "identity", b"identity", "prompt_base", b"prompt_base", "retention", b"retention", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "continued_tokens", b"continued_tokens", "hints", b"hints", "identity", b"identity", "match_text", b"match_text", "model", b"model", "prefill_only", b"prefill_only", "prompt_base", b"prompt_base", "prompt_key", b"prompt_key", "request_id", b"request_id", "sampling", b"sampling", "stop_token_ids", b"stop_token_ids", "target_worker_id", b"target_worker_id", "token_ids_u32", b"token_ids_u32"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "continued_tokens", b"continued_tokens", "hints", b"hints", "identity", b"identity", "match_text", b"match_text", "model", b"model", "prefill_only", b"prefill_only", "prompt_base", b"prompt_base", "prompt_key", b"prompt_key", "request_id", b"request_id", "retention", b"retention", "sampling", b"sampling", "stop_token_ids", b"stop_token_ids", "target_worker_id", b"target_worker_id", "token_ids_u32", b"token_ids_u32"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+
+@_typing.final
+class KvRetention(_message.Message):
+    """A soft hold on a request's KV blocks after it ends: never a reason to refuse or preempt a request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLD_S_FIELD_NUMBER: _builtins.int
+    EVICT_FIRST_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_HOLD_S_FIELD_NUMBER: _builtins.int
+    hold_s: _builtins.float
+    """lease the blocks this long (the session's next turn is expected soon)"""
+    evict_first: _builtins.bool
+    """evict them before any other (the agent will not come back)"""
+    tool_call_hold_s: _builtins.float
+    """Lease them this long if the turn ends in a tool call (its output holds the model's tool-call marker):
+    the harness runs the tool and sends the next turn, the same prompt plus the call and its result.
+    """
+    def __init__(
+        self,
+        *,
+        hold_s: _builtins.float = ...,
+        evict_first: _builtins.bool = ...,
+        tool_call_hold_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evict_first", b"evict_first", "hold_s", b"hold_s", "tool_call_hold_s", b"tool_call_hold_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvRetention: _TypeAlias = KvRetention  # noqa: Y015
 
 @_typing.final
 class PromptBase(_message.Message):

@@ -20,6 +20,8 @@ Invariants:
   prefix), so probe, acquire and free look up only a prompt's held head and read the rest from the LRU list's
   order where they can; ``tests/kvcore/test_block_manager_model.py`` checks every operation against a
   block-by-block reference model.
+* Retention (``retention.py``): :meth:`BlockManager.free` may lease a sequence's blocks or mark them to go first;
+  eviction then prefers other blocks, softly (never failing an allocation). Without either it is plain LRU.
 * Each block of a sequence's token stream is hashed once: ``KvSequence.known`` keeps the stream's
   chained hashes across :meth:`BlockManager.free` (a preempted request re-admitted hashes nothing
   again), extended as the stream grows or seeded by a caller that already has them.
@@ -27,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ from operator import add, eq, gt, not_, sub
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
 from services.common.sequences import common_prefix
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock, stored_blocks
+from services.kvcore.retention import Retention
 
 
 @dataclass(slots=True)
@@ -116,7 +120,8 @@ class BlockManager:
     """Ref-counted, prefix-cached KV blocks with LRU eviction and KV events (see module docstring)."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, on_event: Callable[[KvEvent], None] | None = None
+        self, num_blocks: int, block_size: int, on_event: Callable[[KvEvent], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
@@ -140,6 +145,7 @@ class BlockManager:
         self._watch = _NO_WATCH             # its inactive prefix blocks: one leaving the list voids it
         self.pending_events: list[KvEvent] = []
         self._on_event = on_event if on_event is not None else self.pending_events.append
+        self.retention = Retention(clock)  # leases and evict-first marks, on ``clock`` (seconds)
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -238,6 +244,8 @@ class BlockManager:
                 self._void_probe()  # it was this sequence's, now admitted
             elif self._watch and not self._watch.isdisjoint(leaving):  # (no probe: no newest run either)
                 self._void_probe()
+        if self.retention.leases or self.retention.first:
+            self.retention.reused(hashes)
         seq.hashes = hashes
         seq.length = len(hashes) * self.block_size
         seq.tail = []
@@ -393,10 +401,13 @@ class BlockManager:
         seq.tail.extend(token_ids)
         seq.length += len(token_ids)
 
-    def free(self, seq: KvSequence) -> None:
-        """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order)."""
+    def free(self, seq: KvSequence, hold_s: float = 0.0, first: bool = False, strong: bool = False) -> None:
+        """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order); ``hold_s`` > 0 leases
+        them for that many seconds (``strong``: a tool wait), ``first`` marks them to go first (``retention.py``)."""
         shared, inactive = self._shared, self._inactive
         hashes = seq.hashes
+        if hashes and (hold_s > 0 or first):
+            self.retention.retain(hashes, hold_s, first, strong)
         # Blocks other sequences hold too lead (a block's holders hold its whole chain): a shared head, found
         # by looking up only its own blocks, then a rest with this holder alone, checked in one C pass.
         head = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
@@ -423,6 +434,7 @@ class BlockManager:
         """Drop every cached block and emit ``KvCleared``; refused (False) while blocks are in use."""
         if self.active_blocks:
             return False
+        self.retention.clear()
         for h in self._inactive:
             self._free_ids.append(self._full.pop(h))
         self._inactive.clear()
@@ -456,6 +468,8 @@ class BlockManager:
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
             return self._free_ids.pop()
+        if self.retention.leases or self.retention.first:
+            return self._take_block_ids(1, removed)[0]
         if not self.cached_blocks:
             raise KeyError("no free or inactive block left")  # callers check available_blocks first
         lru = self._lru  # its oldest end: a detached run (the newest end) may stay
@@ -478,7 +492,11 @@ class BlockManager:
             if evict > self.cached_blocks:
                 raise KeyError("no free or inactive block left")  # callers check available_blocks first
             lru = self._lru  # its oldest end: a detached run (the newest end) may stay
-            victims = list(islice(lru, evict))
+            if self.retention.leases or self.retention.first:  # passed-over leased blocks moved: probes look again
+                victims, moved = self.retention.victims(self._inactive, evict)
+                self._lru_epoch += moved
+            else:
+                victims = list(islice(lru, evict))
             deque(map(lru.pop, victims), maxlen=0)
             if self._watch and not self._watch.isdisjoint(victims):
                 self._void_probe()

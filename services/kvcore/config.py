@@ -18,6 +18,7 @@ class BatchingConfig:
     max_num_seqs: int = 64                    # most requests batched in one step
     max_num_batched_tokens: int = 8192        # token budget of one step (chunked prefill)
     max_tokens_default: int = 1024            # max_tokens when a request leaves it at 0
+    retention: bool = True                    # honour requests' retention hints (services/kvcore/retention.py)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):

@@ -13,6 +13,7 @@ only (finished, aborted, failed, closed), which frees their blocks and tells ``o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -42,10 +43,13 @@ class EngineCore:
         *,
         on_event: Callable[[KvEvent], None] | None = None,
         on_release: Callable[[CoreRequest], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: seconds, for retention leases (the simulator passes its simulated clock)."""
         self.config = config
-        self.blocks = BlockManager(config.num_blocks, config.block_size, on_event)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.blocks = BlockManager(config.num_blocks, config.block_size, on_event, clock)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.retention)
         self.requests: dict[str, CoreRequest] = {}
         self.steps = 0
         # an agent's next turn continues its last prompt: hash only the blocks past the common prefix

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Iterator, Sequence
@@ -12,10 +13,16 @@ from tokenizers import Tokenizer
 from services.kvcore.block_manager import KvSequence
 from services.kvcore.domain import PromptInfo
 from services.kvcore.outputs import CheckedRequest, OutputBuffer
+from services.kvcore.retention import RetentionHint, tool_call_ids
 from services.kvcore.stops import StopStringMatcher
 from services.kvcore.tokens import TokenSource
 
 _admission_counter = itertools.count()
+
+
+@functools.lru_cache(maxsize=8)
+def _tool_call_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    return tool_call_ids(tokenizer.token_to_id)
 
 
 class TokenStream(Sequence[int]):
@@ -154,6 +161,11 @@ class CoreRequest(OutputBuffer):
         self.admitted: float | None = None
         self.prefilled: float | None = None
         self.order = 0                          # admission order, for preemption
+        # how its blocks are kept once it ends (retention.py): the request's own hint, or the caller's (the replay)
+        self.retention: RetentionHint | None = None
+        if request.retention_hold_s > 0 or request.retention_first or request.retention_tool_call_hold_s > 0:
+            self.retention = RetentionHint(request.retention_hold_s, request.retention_first,
+                                           request.retention_tool_call_hold_s, _tool_call_ids(tokenizer))
 
     # -- scheduler side -------------------------------------------------------------------------
 

@@ -71,8 +71,10 @@ class StepPlan:
 class Scheduler:
     """Waiting and running queues over a :class:`BlockManager` (see module docstring)."""
 
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 retention: bool = True) -> None:
         self.blocks = blocks
+        self.retention = retention  # honour requests' retention hints (off: plain LRU)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[CoreRequest] = deque()
@@ -92,7 +94,13 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self.blocks.free(request.seq)
+        hint = request.retention if self.retention else None
+        if hint is not None and request.seq.hashes:
+            generated = request.all_tokens[len(request.all_tokens) - request.generated :] if request.generated else ()
+            hold_s, strong = hint.lease_for(generated)
+            self.blocks.free(request.seq, hold_s, hint.first, strong)
+        else:
+            self.blocks.free(request.seq)
         request.lose_blocks()
 
     def schedule(self) -> StepPlan:

@@ -31,6 +31,7 @@ from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
 from services.parse.prefix_state import LocalPrefixState, PrefixState
 from services.parse.prefix_watch import PrefixBreak, PrefixWatch, session_key
+from services.parse.retention import kv_retention
 from services.parse.router_replicas import RouterInfo
 from services.parse.router_stream import ResumingRouterStream
 from services.parse.speculative import SpeculativePrefiller, TurnRecorder
@@ -294,6 +295,7 @@ def router_request(
     cap fitted to the context) and its prompt's ids packed, which go beside it. ``request`` is left as it came."""
     out = convert.generate_request(request, prompt, request_id=request_id, model=model, stop_token_ids=stop_token_ids)
     out.sampling.max_tokens = max_tokens
+    out.retention.CopyFrom(kv_retention(request))
     return out, token_bytes.pack(prompt.token_ids)
 
 

@@ -27,6 +27,9 @@ class ReplaySettings:
     pending_prefix_ttl: float = option(DEFAULT_PENDING_TTL, "kv: simulated seconds a placement still counts as its "
                                        "worker's prefix after its first token, as the router's --pending-prefix-ttl "
                                        "(0: off).")
+    retention: bool = option(True, "Simulated workers keep a session's KV through its tool wait (agent traces: a "
+                                   "turn that ended in a tool call is leased, a finished sub-agent goes first; "
+                                   "traces without stop reasons are unaffected).")
     speedup: float = option(1.0, "Divide the trace's arrival gaps by this factor.")
     limit: int = option(0, "Replay only the first N requests (0: all).")
     live: bool = option(False, "Replay against a live mesh of mocker workers started for each mode instead of "

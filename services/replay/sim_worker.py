@@ -11,6 +11,7 @@ step's blocks, as in Dynamo's mocker).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -42,7 +43,9 @@ class SimWorker:
     def __init__(
         self, worker_id: str, config: SimWorkerConfig, timing: DynamoTiming, model: ModelDir,
         vocab: FillerVocabulary, on_events: Callable[[str, list[KvEvent]], None],
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """``clock``: simulated seconds (retention leases)."""
         self.worker_id = worker_id
         self.config = config
         # the live mocker's exact call (``--timing-model dynamo``), on this worker's capacity
@@ -52,7 +55,7 @@ class SimWorker:
         self._on_events = on_events
         self._pending: list[KvEvent] = []
         self._ready = 0  # how many of them a decode stretch said may go out (see _events_ready)
-        self.core = EngineCore(config, on_event=self._pending.append)
+        self.core = EngineCore(config, on_event=self._pending.append, clock=clock or time.monotonic)
         self.blocks = self.core.blocks
         self.scheduler = self.core.scheduler
         self.plan: StepPlan | None = None

@@ -13,7 +13,7 @@ import heapq
 import itertools
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from services.common.model_dir import ModelDir, load_model_dir
@@ -21,6 +21,7 @@ from services.kvcore import domain as eng
 from services.kvcore.request import CoreRequest
 from services.kvcore.timing import DynamoTiming
 from services.kvcore.tokens import FillerVocabulary
+from services.replay.agent import AgentRetention
 from services.replay.metrics import ReplayResult, RequestRecord, summarise
 from services.replay.sim_worker import SimWorker, SimWorkerConfig
 from services.replay.trace import TracePrompts, TraceRequest
@@ -44,6 +45,7 @@ class ReplayConfig:
     speedup: float = 1.0
     seed: int = 0
     pending_prefix_ttl: float = DEFAULT_PENDING_TTL  # kv: the router's pending-prefix index (0: off)
+    retention: bool = True   # workers honour agent traces' retention hints (agent.py; no hints: plain LRU)
 
 
 _block_hash = attrgetter("block_hash")
@@ -82,7 +84,8 @@ class Replay:
         for i in range(config.workers):
             wid = f"sim-{i}"
             registry.heartbeat(WorkerEndpoint(wid, f"sim:{i}", wc.block_size, wc.num_blocks, engine="sim"))
-            self.workers[wid] = SimWorker(wid, wc, config.timing, model, vocab, self._on_events)
+            self.workers[wid] = SimWorker(wid, replace(wc, retention=config.retention), config.timing, model, vocab,
+                                          self._on_events, clock=self._seconds)
         self._events: list[tuple[float, int, str, object]] = []
         self._seq = itertools.count()
         self._records: dict[str, RequestRecord] = {}
@@ -92,6 +95,11 @@ class Replay:
         self._arrivals: list[float] = []  # every arrival time, in order; ``_arrived`` of them have happened
         self._arrived = 0
         self.now = 0.0
+        self.agents = AgentRetention()
+        self._agent_requests: dict[str, TraceRequest] = {}  # requests of agent traces in flight
+
+    def _seconds(self) -> float:
+        return self.now / 1000.0
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -149,7 +157,11 @@ class Replay:
         max_tokens = max(treq.output_length, 1)
         self._records[rid] = RequestRecord(rid, self.now, len(tokens), max_tokens, best.worker_id)
         self._inflight[rid] = self.router.begin(best.worker_id, placement, best)
-        self._running[rid] = worker.add(rid, tokens, max_tokens, hashes)
+        self._running[rid] = core_req = worker.add(rid, tokens, max_tokens, hashes)
+        if treq.session:
+            self.agents.arrived(treq, self.now / 1000.0)
+            self._agent_requests[rid] = treq
+            core_req.retention = self.agents.hint(treq)
         if worker.plan is None:
             self._start(worker)
 
@@ -182,6 +194,9 @@ class Replay:
             record.cached_tokens = req.cached_tokens or 0
             self._inflight.pop(req.request_id).release()
             self._running.pop(req.request_id, None)
+            treq = self._agent_requests.pop(req.request_id, None)
+            if treq is not None:
+                self.agents.finished(treq, self.now / 1000.0)
 
 
 def replay(trace: list[TraceRequest], config: ReplayConfig, model: ModelDir | None = None) -> ReplayResult:

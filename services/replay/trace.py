@@ -31,6 +31,8 @@ class TraceRequest:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    session: str = ""   # agent traces: the conversation (``parent/agent_id`` for a sub-agent)
+    stop: str = ""      # agent traces: how the turn ended (``tool_use``, ``end_turn``)
 
     def tokens(self, trace_block: int = TRACE_BLOCK) -> list[int]:
         """The synthesised prompt, the same in the simulator and the live replay (valid uint32 token ids).
@@ -218,7 +220,8 @@ def load_trace(path: str | Path, limit: int = 0) -> list[TraceRequest]:
             try:
                 obj = json.loads(line)
                 out.append(TraceRequest(float(obj["timestamp"]), int(obj["input_length"]),
-                                        int(obj["output_length"]), tuple(map(int, obj["hash_ids"]))))
+                                        int(obj["output_length"]), tuple(map(int, obj["hash_ids"])),
+                                        str(obj.get("session", "")), str(obj.get("stop", ""))))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a Mooncake trace line ({exc})") from exc
             if limit and len(out) >= limit:

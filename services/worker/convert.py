@@ -46,6 +46,9 @@ def request_from_proto(msg: worker_pb2.GenerateRequest, prompt: bytes | None = N
         cache_salt=msg.cache_salt,
         priority=msg.hints.priority,
         continued_tokens=msg.continued_tokens,
+        retention_hold_s=max(0.0, msg.retention.hold_s, msg.hints.cache_ttl_s),
+        retention_first=msg.retention.evict_first,
+        retention_tool_call_hold_s=max(0.0, msg.retention.tool_call_hold_s),
     )
 
 

@@ -20,6 +20,7 @@ from services.kvcore.core import EngineCore
 from services.kvcore.loop import StepCompute, StepLoop
 from services.kvcore.outputs import CheckedRequest, check_request
 from services.kvcore.request import CoreRequest
+from services.kvcore.retention import Retention
 from services.worker.engine import EngineInfo, EngineOutput, EngineRequest, EngineStats, KvEvent
 from services.worker.kv_feed import KvEventFeed
 
@@ -82,6 +83,7 @@ class CoreEngine:
             block_size=blocks.block_size,
             steps=self.core.steps,
             preemptions=s.preemptions,
+            extra=retention_stats(blocks.retention),
         )
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
@@ -106,3 +108,12 @@ class CoreEngine:
 
     def _failed(self, exc: BaseException) -> None:
         log.exception("worker.engine_failed", engine=self.name, error=str(exc))
+
+
+def retention_stats(retention: Retention) -> dict[str, float]:
+    """The retention figures a worker exports (``kv_retention_*``: metrics, docs/agent-kv.md)."""
+    st = retention.stats
+    return {"kv_retention_held_blocks": float(retention.held_blocks), "kv_retention_leases": float(st.leases),
+            "kv_retention_lease_hits": float(st.hits), "kv_retention_hit_blocks": float(st.hit_blocks),
+            "kv_retention_expired_blocks": float(st.expired_blocks),
+            "kv_retention_broken_blocks": float(st.broken_blocks)}

@@ -53,6 +53,22 @@ class WorkerMetrics:
             extra = engine.stats().extra
             return {(worker_id, k[len(prefix):]): v for k, v in extra.items() if k.startswith(prefix)}
 
+        def retention(key: str) -> Callable[[], dict[tuple[str, ...], float]]:
+            def read() -> dict[tuple[str, ...], float]:
+                value = engine.stats().extra.get(f"kv_retention_{key}")
+                return {} if value is None else {(worker_id,): value}
+            return read
+
+        self.registry.register(GaugeCallback(
+            "harnessmesh_worker_kv_leased_blocks", "Inactive KV blocks under a retention lease (a session's tool "
+            "wait, cache_control; docs/agent-kv.md).", ("worker",), retention("held_blocks")))
+        for key, doc in (("leases", "Requests whose KV blocks were leased when they ended."),
+                         ("lease_hits", "Admissions that reused KV blocks under a live lease."),
+                         ("hit_blocks", "KV blocks reused under a live lease (kept past plain LRU order)."),
+                         ("broken_blocks", "Leased KV blocks evicted before their lease ended (nothing else left).")):
+            self.registry.register(CounterCallback(f"harnessmesh_worker_kv_retention_{key}", doc, ("worker",),
+                                                   retention(key)))
+
         self.registry.register(CounterCallback(
             "harnessmesh_worker_kv_events_skipped", "Engine KV events not published, by reason (trtllm: "
             "multimodal blocks, whose token ids are item digests).", ("worker", "reason"), skipped))

@@ -112,6 +112,8 @@ class WorkerSettings(MeshServiceSettings):
         _BATCHING.max_num_batched_tokens, "Token budget of one engine step (chunked prefill; trtllm: the LLM's "
         "max_num_tokens, with chunked prefill on so longer prompts are prefilled in chunks).")
     max_tokens_default: int = option(_BATCHING.max_tokens_default, "max_tokens when a request leaves it at 0.")
+    retention: bool = option(_BATCHING.retention, "Honour requests' KV retention hints (a session waiting on a "
+                             "tool keeps its blocks ahead of finished turns; soft leases, docs/agent-kv.md).")
     speedup: float = option(_TIMING.speedup, "Mocker: divide every simulated step time by this factor.")
     timing_model: str = option(
         "default", "Mocker: step-time model. default: the prefill_*/decode_* coefficients below; dynamo: NVIDIA "

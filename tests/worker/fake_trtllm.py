@@ -38,6 +38,7 @@ TensorRT-LLM source it mirrors, 1.x line):
 from __future__ import annotations
 
 import asyncio
+import datetime
 import struct
 import sys
 from collections import OrderedDict, deque
@@ -80,6 +81,29 @@ class SamplingParams:
             raise ValueError(f"require top_k >= 0, got top_k={self.top_k}")
         if self.temperature is not None and self.temperature < 0:
             raise ValueError(f"require temperature >= 0, got temperature={self.temperature}")
+
+
+@dataclass(frozen=True)
+class _TokenRangeRetentionConfig:
+    """``KvCacheRetentionConfig.TokenRangeRetentionConfig(token_start, token_end, priority, duration_ms)``."""
+
+    token_start: int
+    token_end: int | None
+    priority: int
+    duration_ms: datetime.timedelta | None = None
+
+    def __post_init__(self) -> None:  # executor.h: priorities run from 0 to 100
+        assert 0 <= self.priority <= 100, self.priority
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvCacheRetentionConfig:
+    """``tensorrt_llm.llmapi.KvCacheRetentionConfig`` (the fields the adapter sets)."""
+
+    TokenRangeRetentionConfig = _TokenRangeRetentionConfig
+    token_range_retention_configs: list[_TokenRangeRetentionConfig]
+    decode_retention_priority: int = 35
+    decode_duration_ms: datetime.timedelta | None = None
 
 
 @dataclass(kw_only=True)
@@ -217,6 +241,7 @@ class FakeLLM:
         self._kv_result: _IterationResult | None = None       # created by the first generate_async
         self._stats_result: _IterationResult | None = None
         self.early_polls = 0                                  # polls before the first request
+        self.retention_configs: list[KvCacheRetentionConfig | None] = []  # per generate_async, in order
         self._next_event = 0
         self._next_request = 1
         self._active: list[_Seq] = []
@@ -229,8 +254,10 @@ class FakeLLM:
     # -- LLM API --------------------------------------------------------------------------------
 
     def generate_async(self, inputs: list[int], sampling_params: SamplingParams | None = None, *,
-                       streaming: bool = False) -> RequestOutput:
+                       streaming: bool = False, kv_cache_retention_config: KvCacheRetentionConfig | None = None,
+                       ) -> RequestOutput:
         assert streaming, "the adapter streams"
+        self.retention_configs.append(kv_cache_retention_config)
         params = self._prepare_sampling_params(sampling_params)
         # llm.py, _check_arguments (PyTorch backend)
         if not self.args.enable_chunked_prefill and len(inputs) > self.args.max_num_tokens:
@@ -431,4 +458,4 @@ def fake_module(vocab: Sequence[int], **knobs: Any) -> TrtllmModule:
     def llm(**kwargs: Any) -> FakeLLM:
         return FakeLLM(vocab, **knobs, **kwargs)
 
-    return TrtllmModule(llm, SamplingParams, KvCacheConfig)
+    return TrtllmModule(llm, SamplingParams, KvCacheConfig, KvCacheRetentionConfig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 from typing import Any
 
@@ -17,8 +18,9 @@ from services.worker.settings import WorkerSettings
 from services.worker.trtllm import INSTALL_HINT, KvEventNormaliser, TrtllmApi, TrtllmEngine
 from services.worker.trtllm.api import special_ids
 from services.worker.trtllm.events import to_signed_i64
+from services.worker.trtllm.retention import retention_config
 from tests.worker.engine_harness import collect
-from tests.worker.fake_trtllm import FakeLLM, KvCacheConfig, SamplingParams
+from tests.worker.fake_trtllm import FakeLLM, KvCacheConfig, KvCacheRetentionConfig, SamplingParams
 
 BS = 4
 
@@ -111,3 +113,35 @@ def test_missing_tensorrt_llm_says_how_to_get_it() -> None:
     with pytest.raises(UnavailableError, match="TensorRT-LLM image") as info:
         build_engine(settings, load_model_dir(""))
     assert INSTALL_HINT in str(info.value)
+
+
+async def test_retention_hints_map_onto_kv_cache_retention_priorities() -> None:
+    model = load_model_dir("")
+    llm = FakeLLM(FillerVocabulary(model.tokenizer).words, kv_cache_config=KvCacheConfig(tokens_per_block=16))
+    end_id, pad_id = special_ids(model)
+    assert end_id is not None and pad_id is not None
+    engine = TrtllmEngine(TrtllmApi(llm, SamplingParams, 16, end_id, pad_id, KvCacheRetentionConfig), model,
+                          num_blocks=64)
+    await engine.start()
+    try:
+        for rid, hint in (("plain", {}), ("cached", {"retention_hold_s": 300.0}),
+                          ("tool", {"retention_tool_call_hold_s": 60.0}), ("done", {"retention_first": True})):
+            await collect(engine, EngineRequest(rid, list(range(300, 340)), max_tokens=2, **hint))
+    finally:
+        await engine.close()
+    plain, cached, tool, done = llm.retention_configs
+    assert plain is None  # no hint: the call is what it always was
+    assert cached is not None and tool is not None and done is not None
+    (held,) = cached.token_range_retention_configs
+    assert (held.token_start, held.token_end, held.priority) == (0, None, 70)
+    assert held.duration_ms == datetime.timedelta(seconds=300) and cached.decode_retention_priority == 70
+    assert tool.token_range_retention_configs[0].priority == 55 < 70
+    assert tool.decode_duration_ms == datetime.timedelta(seconds=60)
+    assert done.token_range_retention_configs[0].priority == 1 and done.decode_duration_ms is None
+
+
+def test_the_worker_switch_keeps_hints_from_tensorrt_llm() -> None:
+    hinted = EngineRequest("r", [1, 2, 3], retention_hold_s=10.0)
+    assert retention_config(KvCacheRetentionConfig, hinted) is not None
+    assert retention_config(KvCacheRetentionConfig, hinted, enabled=False) is None
+    assert retention_config(None, hinted) is None  # an install without the class

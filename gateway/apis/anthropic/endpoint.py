@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.apis.anthropic.cache_control import cache_ttl_s
 from gateway.apis.anthropic.convert import chat_request, converted_messages, strip_preamble, thinking_blocks
 from gateway.apis.anthropic.encode import MessageEncoder
 from gateway.apis.anthropic.errors import from_validation_error
@@ -64,6 +65,7 @@ class MessagesApi:
         chat = await json_body.run(lambda: chat_request(
             body, request.headers, model=info.served_model_name, request_id=request_id, strip=strip,
             raw_messages=json_body.value.get("messages"), converted=self.converted))
+        chat.hints.cache_ttl_s = cache_ttl_s(json_body.value)
         annotate_span(chat)
         return public, chat
 

@@ -52,7 +52,8 @@ class CompletionOutputLike(Protocol):
 class LlmLike(Protocol):
     """``tensorrt_llm.LLM``."""
 
-    def generate_async(self, inputs: Any, sampling_params: Any = None, *, streaming: bool = False) -> Any: ...
+    def generate_async(self, inputs: Any, sampling_params: Any = None, *, streaming: bool = False,
+                       kv_cache_retention_config: Any = None) -> Any: ...
     def get_kv_cache_events_async(self, timeout: float | None = None) -> AsyncIterator[dict[str, Any]]: ...
     def get_stats_async(self, timeout: float | None = None) -> AsyncIterator[Any]: ...
     def shutdown(self) -> None: ...
@@ -65,6 +66,7 @@ class TrtllmModule:
     llm: Callable[..., LlmLike]  # tensorrt_llm.LLM
     sampling_params: Callable[..., Any]  # tensorrt_llm.SamplingParams
     kv_cache_config: Callable[..., Any]  # tensorrt_llm.llmapi.KvCacheConfig
+    kv_cache_retention_config: Callable[..., Any] | None = None  # tensorrt_llm.llmapi.KvCacheRetentionConfig
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class TrtllmApi:
     block_size: int
     end_id: int
     pad_id: int
+    retention_config: Callable[..., Any] | None = None  # KvCacheRetentionConfig (None: requests carry none)
 
 
 def import_tensorrt_llm() -> TrtllmModule:
@@ -89,7 +92,11 @@ def import_tensorrt_llm() -> TrtllmModule:
         from tensorrt_llm.llmapi import KvCacheConfig  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
         raise UnavailableError(f"{INSTALL_HINT} ({exc})") from exc
-    return TrtllmModule(LLM, SamplingParams, KvCacheConfig)
+    try:
+        from tensorrt_llm.llmapi import KvCacheRetentionConfig  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # an install without priority-based eviction: hints are not passed on
+        KvCacheRetentionConfig = None
+    return TrtllmModule(LLM, SamplingParams, KvCacheConfig, KvCacheRetentionConfig)
 
 
 def special_ids(model: ModelDir) -> tuple[int | None, int | None]:
@@ -151,4 +158,5 @@ def load_llm(
             f"for: start the worker with --block-size {real} (and every worker of this model with the same size; "
             "the router compares cached prefixes only between equal block sizes)"
         )
-    return TrtllmApi(llm, trt.sampling_params, real, end_id, pad_id)
+    return TrtllmApi(llm, trt.sampling_params, real, end_id, pad_id,
+                     trt.kv_cache_retention_config if batching.retention else None)

@@ -42,6 +42,7 @@ from services.worker.engine import EngineInfo, EngineOutput, EngineRequest, Engi
 from services.worker.kv_feed import KvEventFeed
 from services.worker.trtllm.api import TrtllmApi
 from services.worker.trtllm.events import KvEventNormaliser
+from services.worker.trtllm.retention import retention_config
 
 log = structlog.get_logger()
 
@@ -199,7 +200,10 @@ class TrtllmEngine:
         params = self.api.sampling_params(**sampling_kwargs(checked, self.api.end_id, self.api.pad_id))
         ours = self._reused_prefix(checked.request.token_ids)
         stream = RequestStream(checked, self.model.tokenizer)
-        result = self.api.llm.generate_async(list(checked.request.token_ids), sampling_params=params, streaming=True)
+        retention = retention_config(self.api.retention_config, checked.request)
+        extra = {"kv_cache_retention_config": retention} if retention is not None else {}
+        result = self.api.llm.generate_async(list(checked.request.token_ids), sampling_params=params, streaming=True,
+                                             **extra)
         self._requests[request_id] = (stream, result)
         reader = asyncio.create_task(self._read(stream, result, ours, len(checked.request.token_ids)),
                                      name=f"trtllm-{request_id}")
