@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import shutil
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -17,6 +19,16 @@ PACKAGE_DIR = Path("services") / "api"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 
+def _plugin(name: str) -> str:
+    """mypy-protobuf's protoc plugin ``name``: the one installed beside this interpreter (a venv's bin, whether
+    or not that venv is on PATH), else the one on PATH."""
+    beside = Path(sysconfig.get_path("scripts")) / name
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    if found is None:
+        raise SystemExit(f"{name} not found: install the dev extra (mypy-protobuf) in this interpreter's environment")
+    return found
+
+
 def generate(out_root: Path) -> list[Path]:
     """Run protoc over every .proto file (ours and the vendored ones), writing generated modules under ``out_root``."""
     from grpc_tools import protoc
@@ -25,6 +37,8 @@ def generate(out_root: Path) -> list[Path]:
         protos = sorted(str(p.relative_to(root)) for p in (root / PACKAGE_DIR).glob("*.proto"))
         args = [
             "protoc",
+            f"--plugin=protoc-gen-mypy={_plugin('protoc-gen-mypy')}",
+            f"--plugin=protoc-gen-mypy_grpc={_plugin('protoc-gen-mypy_grpc')}",
             f"-I{root}",
             f"--python_out={out_root}",
             f"--grpc_python_out={out_root}",
