@@ -158,11 +158,11 @@ async def engine_part(args: argparse.Namespace, path: Path) -> list[tuple[str, s
                              f"(runs {_ms(ours)} / {_ms(theirs)})", f"{e / h:.2f}x"))
             del cache
         one, eight = [], []
-        for rep in range(2):
+        for rep in range(3):
             one.append(await decode_rate(engine, rnd, 1, f"one{rep}-", args.decode_tokens))
             eight.append(await decode_rate(engine, rnd, 8, f"eight{rep}-", args.decode_tokens))
         o, g = max(one), max(eight)
-        rows.append(("8 concurrent decodes vs 1", f"{g:.0f} vs {o:.0f} output tok/s "
+        rows.append(("8 concurrent decodes vs 1", f"{g:.0f} vs {o:.0f} output tok/s, best of 3 "
                      f"({args.decode_tokens} tokens each, 64-token prompts)", f"{g / o:.2f}x"))
     finally:
         await engine.close()
@@ -240,11 +240,12 @@ def mesh_part(args: argparse.Namespace, path: Path, log: Path) -> list[tuple[str
 
     from tests.support.mesh import running_mesh
 
-    num_blocks = args.num_blocks or max(args.mesh_sizes) * 2 * args.repeats // 16 + 4096
+    num_blocks = args.num_blocks or max(args.mesh_sizes) * 2 * args.mesh_repeats // 16 + 4096
     mesh_args = ["--engine", "torch", "--model", str(path), "--device", args.device, "--dtype", args.dtype,
                  "--workers", "1", "--served-model-name", "bench", "--max-model-len", "131072",
                  "--max-num-batched-tokens", str(args.chunk), "--num-blocks", str(num_blocks),
-                 "--stall-timeout", "3600", "--first-frame-timeout", "3600"]  # a CPU's long prefill is no stall
+                 "--stall-timeout", "3600", "--first-frame-timeout", "3600",  # a CPU's long prefill is no stall
+                 "--torch-threads", str(args.threads)]
     rows: list[tuple[str, str, str]] = []
     with running_mesh(mesh_args, log, timeout=600) as mesh, httpx.Client(base_url=mesh.http, timeout=1800) as http:
         base = count_tokens(http, session_body("00000000", 0, 1, 0))
@@ -254,7 +255,7 @@ def mesh_part(args: argparse.Namespace, path: Path, log: Path) -> list[tuple[str
             rounds = max(1, 1 + round((size - base) / per_round))
             results: dict[str, list[float]] = {}
             seen: dict[str, tuple[int, int]] = {}
-            for rep in range(args.repeats):
+            for rep in range(args.mesh_repeats):
                 seed, a, b = size * 100 + rep, secrets.token_hex(4), secrets.token_hex(4)
                 for case, body, session, strip in (
                         ("cold", session_body(a, seed, rounds, seed), f"A{seed}", True),
@@ -281,11 +282,17 @@ def main() -> None:
     parser.add_argument("--suffixes", default="16,450", help="new tokens of a cached next turn")
     parser.add_argument("--mesh-sizes", default="32000",
                         help="prompt tokens of the mesh sessions (at least the captured request's ~29k; '' to skip)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each in-process case")
+    parser.add_argument("--mesh-repeats", type=int, default=2, help="sessions per mesh size")
     parser.add_argument("--chunk", type=int, default=8192, help="prefill chunk (--max-num-batched-tokens)")
     parser.add_argument("--num-blocks", type=int, default=0, help="KV pool blocks (0: sized to the run)")
     parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads of torch, here and in the mesh's worker (0: PyTorch's default; on a shared "
+                             "CPU, 1 keeps other jobs' load from stalling every op's thread team)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     args.suffixes = [int(s) for s in args.suffixes.split(",") if s]
@@ -302,8 +309,10 @@ def main() -> None:
                 raise
     import transformers
 
-    print(f"torch engine vs plain transformers: {args.shape} shape, random weights, {args.dtype}, {args.device} "
-          f"(torch {torch.__version__}, transformers {transformers.__version__}); medians of {args.repeats}")
+    print(f"torch engine vs plain transformers: {args.shape} shape, random weights, {args.dtype}, {args.device}, "
+          f"{torch.get_num_threads()} torch threads "
+          f"(torch {torch.__version__}, transformers {transformers.__version__}); medians of {args.repeats} in "
+          f"process, {args.mesh_repeats} through the mesh")
     width = max(len(r[0]) for r in rows)
     for name, figures, ratio in rows:
         print(f"{name:<{width}}  {ratio:>6}  {figures}")

@@ -61,7 +61,7 @@ class ItemView:
     begin: int               # first of its tokens in the packed sequence
     count: int               # its tokens this step
     context: int             # tokens it attends over (its KV before the step plus its own)
-    blocks: torch.Tensor     # its block table, on the pool's device (``ceil(context / block_size)`` ids)
+    blocks: torch.Tensor     # a prefill's block table on the pool's device (a decode's is in StepBatch.decode_blocks)
     run: int | None          # first block id when the table is one contiguous run (read in place), else None
     mask: torch.Tensor | None = None  # [count, context] bool (None: a decode, or a fresh prompt with is_causal)
 
@@ -80,38 +80,43 @@ class StepBatch:
 
 
 def plan_batch(pool: KvPool, items: Sequence[tuple[int, int, Sequence[int]]]) -> StepBatch:
-    """The batch of items given as ``(start, count, block table)``, packed in that order."""
+    """The batch of items given as ``(start, count, block table)``, packed in that order. Its tensors are made
+    with a fixed number of torch calls per step plus a few per prefill (a decode adds none)."""
     bs, device = pool.block_size, pool.device
     slots: list[int] = []
     batch = StepBatch(pool, torch.empty(0))
+    decode_tables: list[list[int]] = []
     begin = 0
     for start, count, table in items:
         context = start + count
-        needed = -(-context // bs)
-        ids = list(table[:needed])
-        slots.extend(ids[p // bs] * bs + p % bs for p in range(start, context))
-        run = ids[0] if ids and ids[-1] - ids[0] == len(ids) - 1 and ids == list(range(ids[0], ids[-1] + 1)) else None
-        view = ItemView(begin, count, context, torch.tensor(ids, dtype=torch.long, device=device), run)
+        ids = list(table[: -(-context // bs)])
         if count == 1:
-            batch.decodes.append(view)
+            slots.append(ids[start // bs] * bs + start % bs)
+            batch.decodes.append(ItemView(begin, 1, context, _NO_BLOCKS, None))
+            decode_tables.append(ids)
         else:
+            slots.extend([ids[p // bs] * bs + p % bs for p in range(start, context)])
+            contiguous = ids[-1] - ids[0] == len(ids) - 1 and ids == list(range(ids[0], ids[-1] + 1))
+            view = ItemView(begin, count, context, torch.tensor(ids, dtype=torch.long).to(device),
+                            ids[0] if contiguous else None)
             if start > 0:
                 keys = torch.arange(context, device=device)
                 queries = torch.arange(start, context, device=device)
                 view.mask = keys.unsqueeze(0) <= queries.unsqueeze(1)
             batch.prefills.append(view)
         begin += count
-    batch.slots = torch.tensor(slots, dtype=torch.long, device=device)
-    if batch.decodes:
-        most = max(len(v.blocks) for v in batch.decodes)
-        padded = torch.zeros(len(batch.decodes), most, dtype=torch.long, device=device)
-        for row, v in enumerate(batch.decodes):
-            padded[row, : len(v.blocks)] = v.blocks
-        lengths = torch.tensor([v.context for v in batch.decodes], device=device)
-        batch.decode_blocks = padded
+    batch.slots = torch.tensor(slots, dtype=torch.long).to(device)
+    if decode_tables:
+        most = max(map(len, decode_tables))
+        padded = [ids + [0] * (most - len(ids)) for ids in decode_tables]
+        batch.decode_blocks = torch.tensor(padded, dtype=torch.long).to(device)
+        lengths = torch.tensor([v.context for v in batch.decodes]).to(device)
         batch.decode_mask = (torch.arange(most * bs, device=device).unsqueeze(0) < lengths.unsqueeze(1))[:, None, None]
-        batch.decode_rows = torch.tensor([v.begin for v in batch.decodes], dtype=torch.long, device=device)
+        batch.decode_rows = torch.tensor([v.begin for v in batch.decodes], dtype=torch.long).to(device)
     return batch
+
+
+_NO_BLOCKS = torch.empty(0, dtype=torch.long)
 
 
 _STEP: contextvars.ContextVar[StepBatch | None] = contextvars.ContextVar("harnessmesh_paged_step", default=None)
@@ -171,10 +176,13 @@ def paged_attention(
         n = len(batch.decodes)
         k = keys[batch.decode_blocks].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [n, kv_heads, ctx, head_dim]
         v = values[batch.decode_blocks].flatten(1, 2).transpose(1, 2).to(q.dtype)
-        qd = q[:, batch.decode_rows].transpose(0, 1).unsqueeze(2)  # [n, heads, 1, head_dim]
+        only_decodes = not batch.prefills  # then the packed rows are the decodes, in order
+        qd = (q if only_decodes else q[:, batch.decode_rows]).transpose(0, 1).unsqueeze(2)  # [n, heads, 1, dim]
         o = torch.nn.functional.scaled_dot_product_attention(
-            qd, k, v, attn_mask=batch.decode_mask, scale=scaling, enable_gqa=gqa)
-        out[batch.decode_rows] = o.reshape(n, q.shape[0], q.shape[2])
+            qd, k, v, attn_mask=batch.decode_mask, scale=scaling, enable_gqa=gqa).reshape(n, q.shape[0], q.shape[2])
+        if only_decodes:
+            return o.unsqueeze(0), None
+        out[batch.decode_rows] = o
     return out.unsqueeze(0), None
 
 
