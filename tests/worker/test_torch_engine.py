@@ -271,3 +271,26 @@ def test_missing_weights_fail_clearly(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidRequestError, match="cannot load a causal LM"):
         ModelRunner(tmp_path)
+
+
+async def test_sliding_window_layers_match_plain_generate(tmp_path: Path) -> None:
+    """A model whose layers slide (Qwen2 with ``use_sliding_window``) attends over each layer's window in the
+    pool too: past the window, greedy output is still plain transformers' own (prefill chunks and decodes)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    path = build_tiny_model(tmp_path / "base", arch="qwen2")
+    config = Qwen2Config.from_pretrained(path)
+    config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 24, 1
+    config.layer_types = ["full_attention", "sliding_attention"]
+    torch.manual_seed(1)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    plain = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").eval()
+    assert plain.config.layer_types == ["full_attention", "sliding_attention"]
+    engine = TorchEngine(TorchConfig(max_num_batched_tokens=32), load_model_dir(path), ModelRunner(path))
+    await engine.start()
+    try:
+        outs = await collect(engine, EngineRequest("w", prompt(70), max_tokens=12, ignore_eos=True))
+    finally:
+        await engine.close()
+    expected = plain_greedy(plain, prompt(70), 12)
+    assert tokens(outs) == expected

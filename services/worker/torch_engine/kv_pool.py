@@ -15,7 +15,7 @@ KV goes (``slots``) and which blocks each item attends over. Per layer, all item
 written first, then each item attends: an item admitted in the same step over a block another item computes
 reads that block's keys of this very layer. Attention is PyTorch's SDPA over the gathered blocks (a contiguous
 run of blocks is read in place), decodes of one step in one padded batch; the same code runs on CPU and CUDA.
-Sliding-window attention is not applied (full causal attention for every layer).
+A layer with a sliding window (``sliding_window`` from the model) attends over the last ``window`` keys only.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class StepBatch:
     decode_rows: torch.Tensor | None = None               # packed index of each decode's token
     decode_blocks: torch.Tensor | None = None             # [decodes, most blocks] ids, padded with 0
     decode_mask: torch.Tensor | None = None               # [decodes, 1, 1, most blocks * block_size]
+    decode_lengths: torch.Tensor | None = None            # each decode's context
 
 
 def plan_batch(pool: KvPool, items: Sequence[tuple[int, int, Sequence[int]]]) -> StepBatch:
@@ -110,7 +111,7 @@ def plan_batch(pool: KvPool, items: Sequence[tuple[int, int, Sequence[int]]]) ->
         most = max(map(len, decode_tables))
         padded = [ids + [0] * (most - len(ids)) for ids in decode_tables]
         batch.decode_blocks = torch.tensor(padded, dtype=torch.long).to(device)
-        lengths = torch.tensor([v.context for v in batch.decodes]).to(device)
+        lengths = batch.decode_lengths = torch.tensor([v.context for v in batch.decodes]).to(device)
         batch.decode_mask = (torch.arange(most * bs, device=device).unsqueeze(0) < lengths.unsqueeze(1))[:, None, None]
         batch.decode_rows = torch.tensor([v.begin for v in batch.decodes], dtype=torch.long).to(device)
     return batch
@@ -164,12 +165,14 @@ def paged_attention(
     q = query[0]  # [heads, tokens, head_dim]
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
     gqa = q.shape[0] != pool.kv_heads
+    window = kwargs.get("sliding_window")  # this layer's, where the model slides (None: full attention)
     for view in batch.prefills:
         span = slice(view.begin, view.begin + view.count)
         k, v = _gather(keys, view).to(q.dtype), _gather(values, view).to(q.dtype)
+        mask = view.mask if not window or view.context <= window else _sliding_mask(view, int(window), q.device)
         o = torch.nn.functional.scaled_dot_product_attention(
-            q[:, span].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=view.mask,
-            is_causal=view.mask is None, scale=scaling, enable_gqa=gqa)
+            q[:, span].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
+            is_causal=mask is None, scale=scaling, enable_gqa=gqa)
         out[span] = o[0].transpose(0, 1)
     if batch.decodes:
         assert batch.decode_blocks is not None and batch.decode_rows is not None
@@ -178,12 +181,25 @@ def paged_attention(
         v = values[batch.decode_blocks].flatten(1, 2).transpose(1, 2).to(q.dtype)
         only_decodes = not batch.prefills  # then the packed rows are the decodes, in order
         qd = (q if only_decodes else q[:, batch.decode_rows]).transpose(0, 1).unsqueeze(2)  # [n, heads, 1, dim]
+        mask = batch.decode_mask
+        if window and max(d.context for d in batch.decodes) > window:  # keys in (position - window, position]
+            assert batch.decode_lengths is not None and mask is not None
+            mask = mask & (torch.arange(mask.shape[-1], device=q.device) >= batch.decode_lengths[:, None, None, None]
+                           - int(window))
         o = torch.nn.functional.scaled_dot_product_attention(
-            qd, k, v, attn_mask=batch.decode_mask, scale=scaling, enable_gqa=gqa).reshape(n, q.shape[0], q.shape[2])
+            qd, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa).reshape(n, q.shape[0], q.shape[2])
         if only_decodes:
             return o.unsqueeze(0), None
         out[batch.decode_rows] = o
     return out.unsqueeze(0), None
+
+
+def _sliding_mask(view: ItemView, window: int, device: torch.device) -> torch.Tensor:
+    """A prefill chunk's causal mask limited to the last ``window`` keys of each query (transformers' sliding
+    window: a query at position p sees keys in (p - window, p])."""
+    keys = torch.arange(view.context, device=device).unsqueeze(0)
+    queries = torch.arange(view.context - view.count, view.context, device=device).unsqueeze(1)
+    return (keys <= queries) & (keys > queries - window)
 
 
 def register_attention() -> str:
