@@ -294,3 +294,16 @@ async def test_sliding_window_layers_match_plain_generate(tmp_path: Path) -> Non
         await engine.close()
     expected = plain_greedy(plain, prompt(70), 12)
     assert tokens(outs) == expected
+
+
+def test_soft_capped_attention_is_refused_at_load(tmp_path: Path) -> None:
+    from transformers import LlamaConfig
+
+    from services.common.errors import InvalidRequestError
+
+    path = build_tiny_model(tmp_path / "capped")
+    config = LlamaConfig.from_pretrained(path)
+    config.attn_logit_softcapping = 50.0
+    config.save_pretrained(path)
+    with pytest.raises(InvalidRequestError, match="soft-capped attention logits"):
+        ModelRunner(path)

@@ -15,7 +15,8 @@ KV goes (``slots``) and which blocks each item attends over. Per layer, all item
 written first, then each item attends: an item admitted in the same step over a block another item computes
 reads that block's keys of this very layer. Attention is PyTorch's SDPA over the gathered blocks (a contiguous
 run of blocks is read in place), decodes of one step in one padded batch; the same code runs on CPU and CUDA.
-A layer with a sliding window (``sliding_window`` from the model) attends over the last ``window`` keys only.
+A layer with a sliding window (``sliding_window`` from the model) attends over the last ``window`` keys only;
+soft-capped attention logits (Gemma 2) and attention sinks (gpt-oss) are refused.
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ def paged_attention(
     batch = _STEP.get()
     if batch is None:
         raise RuntimeError(f"{ATTENTION_NAME} attention runs only inside a torch engine step (step_context)")
+    if kwargs.get("softcap") or kwargs.get("s_aux") is not None:
+        raise NotImplementedError("attention soft-capping and sinks are not supported by the paged attention")
     pool, layer = batch.pool, int(module.layer_idx)
     keys, values = pool.blocks(layer, 0), pool.blocks(layer, 1)
     flat_k, flat_v = keys.view(-1, pool.kv_heads, pool.head_dim), values.view(-1, pool.kv_heads, pool.head_dim)

@@ -44,6 +44,9 @@ class ModelRunner:
             raise InvalidRequestError(
                 f"cannot load a causal LM from {str(path)!r} (config.json + weights, Hugging Face layout): {exc}"
             ) from exc
+        if getattr(model.config, "attn_logit_softcapping", None) or any(hasattr(m, "sinks") for m in model.modules()):
+            raise InvalidRequestError(f"{str(path)!r}: soft-capped attention logits (Gemma 2) and attention sinks "
+                                      "(gpt-oss) are not supported by the torch engine's paged attention")
         self.model: Any = model.to(self.device)
         self.model.requires_grad_(False)
         self.model.train(False)
