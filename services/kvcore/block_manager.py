@@ -189,6 +189,15 @@ class BlockManager:
         """Hashes of inactive blocks, next to be evicted first."""
         return list(islice(self._lru, len(self._lru) - self._detached))
 
+    def block_ids(self, seq: KvSequence, start: int = 0) -> list[int]:
+        """Block ids of ``seq``'s blocks from its ``start``-th on, in token order (its full blocks, then its partial
+        one): the slots of a paged KV pool that follows this manager (the torch engine's)."""
+        full = self._full
+        ids = list(map(full.__getitem__, seq.hashes[start:] if start else seq.hashes))
+        if seq.partial is not None:
+            ids.append(seq.partial.block_id)
+        return ids
+
     def _is_detached(self, block_hash: int) -> bool:
         return bool(self._detached) and block_hash in islice(reversed(self._lru), self._detached)
 

@@ -132,8 +132,8 @@ class CoreRequest(OutputBuffer):
     ``share_prompt`` a :class:`TokenStream` over the (immutable) prompt itself; the KV
     sequence ``seq`` holds the tokens whose KV blocks are taken. A request with a ``source`` (simulated
     engines) knows each token before the step that generates it; without one the engine's compute
-    samples it. ``engine_state`` is the compute's own per-request state (the torch engine's KV cache
-    tensors); the core drops it (``None``) whenever the request loses its blocks.
+    samples it. ``engine_state`` is the compute's own per-request state (the torch engine's block ids of
+    the request's full blocks); the core drops it (``None``) whenever the request loses its blocks.
     """
 
     def __init__(

@@ -21,7 +21,7 @@ token too, so the KV it adds is held before the step's time passes. A request wi
 (the torch engine samples) feeds its sampled token as next step's one-token chunk instead. A full
 block is therefore sealed, published (``KvStored``) and shareable by a later admission from the
 moment its step is scheduled; an engine that keeps real KV tensors fills them in when the step
-completes (``torch_engine/kv_store.py``).
+runs (the torch engine's forward writes them into its paged pool, ``torch_engine/kv_pool.py``).
 """
 
 from __future__ import annotations

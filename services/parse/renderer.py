@@ -1,23 +1,30 @@
-"""Chat template rendering with Hugging Face's own renderer, plus an injectable template clock."""
+"""Chat template rendering as Hugging Face's ``apply_chat_template`` renders, plus an injectable template clock.
+
+The template environment is built here (``compile_template``), the same one transformers 5.x builds for a chat
+template (an immutable sandbox with ``trim_blocks``/``lstrip_blocks``, ``loopcontrols``, the ``generation`` tag, a
+``tojson`` without HTML escaping, ``raise_exception``, ``strftime_now``, ``dict`` and a ``namespace`` refusing
+underscore names), so renders do not change with the installed transformers release and nothing private of it is
+imported.
+"""
 
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import jinja2
+import jinja2.ext
+from jinja2 import nodes
 from jinja2.runtime import LoopContext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
-from transformers.utils.chat_template_utils import (
-    _alias_reasoning_fields,
-    _compile_jinja_template,
-    render_jinja_template,
-)
 
 from services.common.errors import InvalidRequestError
 from services.parse import json_memo
@@ -42,6 +49,92 @@ _TEXT_ARGUMENTS = re.compile(
 def wants_text_arguments(template: str) -> bool:
     """True when ``template`` concatenates tool-call arguments as text (see ``_TEXT_ARGUMENTS``)."""
     return _TEXT_ARGUMENTS.search(template) is not None
+
+
+# Names a message's reasoning comes under; templates read the first (``thinking`` for gpt-oss's).
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def alias_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages whose reasoning (under any of ``REASONING_FIELDS``) is also under ``reasoning_content`` and
+    ``thinking``, as transformers hands them to a template; a message without reasoning is the same object."""
+    aliased = []
+    for message in messages:
+        if isinstance(message, dict):
+            reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+            if reasoning is not None:
+                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        aliased.append(message)
+    return aliased
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` (marks assistant text for training masks): renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+class _TemplateDict:
+    """``dict(...)`` and ``dict.fromkeys(...)`` in a template, without handing it the ``dict`` type."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(Namespace):
+    """A template's ``namespace()``: refuses underscore-prefixed names (no way to CPython internals)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # Namespace's signature trick: namespace(self=...) works
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check(name)
+        Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check(name)
+        Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}. "
+                "Please rename the attribute.")
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=128)
+def compile_template(template: str) -> jinja2.Template:
+    """``template`` compiled in a chat template's environment (see the module docstring); one per template text."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env.from_string(template)
 
 
 _clock: contextvars.ContextVar[Clock] = contextvars.ContextVar("harnessmesh_template_clock", default=datetime.now)
@@ -142,10 +235,8 @@ class ChatTemplateRenderer:
     """Renders a chat template exactly as ``transformers``' ``apply_chat_template(tokenize=False)`` does.
 
     Named special tokens (bos_token, eos_token, ...) are template variables. ``now`` is the clock behind
-    the template's ``strftime_now``. transformers turns every render kwarg into plain JSON data, so a
-    callable cannot be passed that way; instead the compiled template's own globals layer (shared by
-    every render of that template) gets a ``strftime_now`` that reads a context variable, which each
-    render sets to its renderer's clock. ``arguments_as_text`` tells whether the template wants tool-call
+    the template's ``strftime_now``, which reads a context variable that each render sets to its renderer's
+    clock. ``arguments_as_text`` tells whether the template wants tool-call
     arguments as JSON text (DeepSeek) rather than a mapping; ``to_template_input`` prepares them so.
     ``budget``: seconds a render may take (None: unbounded); past it the render stops and the request gets an
     InvalidRequestError (400) naming the budget. Renders run in a thread but hold the GIL: the budget is
@@ -164,10 +255,9 @@ class ChatTemplateRenderer:
 
     def _compiled(self) -> Any:
         try:
-            compiled = _compile_jinja_template(self._template)
+            compiled = compile_template(self._template)
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template does not compile: {exc}") from exc
-        compiled.globals["strftime_now"] = _strftime_now
         _install_budget(compiled.environment)
         return compiled
 
@@ -181,22 +271,13 @@ class ChatTemplateRenderer:
         token = _clock.set(self._now)
         budget = _deadline.set(None if self._budget is None else time.monotonic() + self._budget)
         try:
-            if data.continue_final_message:  # transformers edits the final message around the render
-                # Annotated as str, but returns (rendered chats, generation indices).
-                result: Any = render_jinja_template(
-                    conversations=[data.messages],
-                    tools=cast(Any, data.tools),
-                    chat_template=self._template,
-                    add_generation_prompt=data.add_generation_prompt,
-                    continue_final_message=True,
-                    **{**self._special, **data.kwargs},
-                )
-                return str(result[0][0])
-            # What render_jinja_template does for this case, less its deep copy of every message through
-            # ``_plain_template_data`` (~0.25 ms of a 100k-token turn): a TemplateInput holds plain JSON
-            # data already, the same values that copy would make, and the immutable sandbox never edits it.
+            messages = alias_reasoning(data.messages)
+            if data.continue_final_message:
+                return self._render_continuing(compiled, messages, data)
+            # A TemplateInput holds plain JSON data already (what transformers' deep copy of every message
+            # would make, ~0.25 ms of a 100k-token turn), and the immutable sandbox never edits it.
             return str(compiled.render(
-                messages=_alias_reasoning_fields(data.messages),
+                messages=messages,
                 tools=data.tools,
                 documents=None,
                 add_generation_prompt=data.add_generation_prompt,
@@ -214,3 +295,40 @@ class ChatTemplateRenderer:
         finally:
             _deadline.reset(budget)
             _clock.reset(token)
+
+    def _render_continuing(self, compiled: jinja2.Template, messages: list[dict[str, Any]],
+                           data: TemplateInput) -> str:
+        """The render ending inside the final message's content, left open (what ``continue_final_message``
+        does in transformers: tag the text, render, cut at the tag)."""
+        if not messages:
+            raise ValueError("continue_final_message is set but the conversation is empty!")
+        final = messages[-1] = copy.deepcopy(messages[-1])
+        text = final.get("content")
+        if text is None:
+            raise ValueError('continue_final_message is set but the final message has no "content" to continue!')
+        if "content" not in self._template:
+            raise ValueError('continue_final_message is set to "content" but this is not an accepted field in the '
+                             "chat_template")
+        if isinstance(text, list | tuple):
+            block = next((b for b in reversed(text) if "text" in b), None)
+            if block is None:
+                raise ValueError(
+                    "continue_final_message is set but we could not find any text to continue in the final message!")
+            text = block["text"]
+            block["text"] = text + _CONTINUE_TAG
+        else:
+            final["content"] = text + _CONTINUE_TAG
+        rendered = str(compiled.render(messages=messages, tools=data.tools, documents=None,
+                                       add_generation_prompt=data.add_generation_prompt,
+                                       **{**self._special, **data.kwargs}))
+        if text.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
+            raise ValueError(
+                "continue_final_message is set but the final message does not appear in the chat after "
+                "applying the chat template! This can happen if the chat template deletes portions of "
+                "the final message. Please verify the chat template and final message in your chat to "
+                "ensure they are compatible."
+                f"Final message to continue: {text.strip()}\nRendered chat:\n{rendered}")
+        at = rendered.rindex(_CONTINUE_TAG.strip())
+        if rendered[at: at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+            return rendered[:at]
+        return rendered[:at].rstrip()  # the template trimmed the message's trailing space

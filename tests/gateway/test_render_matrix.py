@@ -119,16 +119,14 @@ class _FixedDatetime(dt.datetime):
 
 @contextmanager
 def _hugging_face_clock() -> Iterator[None]:
-    """transformers' own ``strftime_now`` on the fixed date (as the references were made); the compiled
-    template cache is cleared first, since our renderer installs its clock on the cached compile."""
+    """transformers' own ``strftime_now`` on the fixed date (as the references were made). It reads the module's
+    ``datetime`` at each call; our renderer compiles its own templates, so no compiled template is shared."""
     saved = chat_template_utils.datetime  # type: ignore[attr-defined]
-    chat_template_utils._compile_jinja_template.cache_clear()
     chat_template_utils.datetime = _FixedDatetime  # type: ignore[attr-defined,misc]
     try:
         yield
     finally:
         chat_template_utils.datetime = saved  # type: ignore[attr-defined]
-        chat_template_utils._compile_jinja_template.cache_clear()
 
 
 @functools.cache

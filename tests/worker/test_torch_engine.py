@@ -92,13 +92,91 @@ async def test_qwen2_architecture_loads_too(tmp_path: Path) -> None:
         await engine.close()
 
 
-async def test_greedy_matches_plain_transformers_generate(make: Make, runner: ModelRunner) -> None:
+@pytest.fixture(scope="module")
+def plain_model(model_path: Path) -> Any:
+    """The same checkpoint in plain transformers (its own SDPA attention and DynamicCache): the reference."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_path), attn_implementation="sdpa").eval()
+
+
+def plain_greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return [int(t) for t in out[0, len(ids):]]
+
+
+async def test_greedy_matches_plain_transformers_generate(make: Make, plain_model: Any) -> None:
     engine = await make()
     outs = await collect(engine, EngineRequest("g", prompt(25), max_tokens=10, ignore_eos=True))
-    with torch.inference_mode():
-        ref = runner.model.generate(torch.tensor([prompt(25)]), max_new_tokens=10, do_sample=False,
-                                    min_new_tokens=10, pad_token_id=0)
-    assert tokens(outs) == ref[0, 25:].tolist()
+    assert tokens(outs) == plain_greedy(plain_model, prompt(25), 10)
+
+
+async def test_concurrent_mixed_steps_match_plain_generate_token_for_token(make: Make, plain_model: Any) -> None:
+    """Prefill chunks and decodes of several requests share each step's one forward (packed, varlen): every
+    request's greedy output is still plain transformers' own, a cached turn's included."""
+    engine = await make(max_num_batched_tokens=48)
+    first = prompt(70, 500)
+    await collect(engine, EngineRequest("warm", first, max_tokens=1, ignore_eos=True))
+    prompts = [first + prompt(9, 3000), prompt(33, 1200), prompt(5, 1700), prompt(90, 2200)]
+    reqs = [EngineRequest(f"m{i}", p, max_tokens=12, ignore_eos=True) for i, p in enumerate(prompts)]
+    results = await asyncio.gather(*(collect(engine, r) for r in reqs))
+    assert results[0][-1].usage is not None and results[0][-1].usage.cached_tokens == 64
+    assert [tokens(o) for o in results] == [plain_greedy(plain_model, p, 12) for p in prompts]
+
+
+async def test_one_forward_per_step_for_all_scheduled_items(make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = await make()
+    calls: list[int] = []
+    forward = engine.runner.forward
+
+    def counting(token_ids: Any, positions: Any, batch: Any, keep: Any) -> torch.Tensor:
+        calls.append(len(keep))
+        return forward(token_ids, positions, batch, keep)
+
+    monkeypatch.setattr(engine.runner, "forward", counting)
+    reqs = [EngineRequest(f"b{i}", prompt(20, 1000 + 100 * i), max_tokens=8, ignore_eos=True) for i in range(6)]
+    await asyncio.gather(*(collect(engine, r) for r in reqs))
+    assert len(calls) == engine.stats().steps and max(calls) == 6  # six requests' tokens in one forward
+
+
+async def test_admitting_a_cached_prefix_copies_none_of_its_kv(make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second turn attends over the first turn's blocks where they lie in the pool: the pool stays the one
+    preallocated tensor, the only slots written are the new tokens' (none in a cached block), and the cached
+    blocks are bit for bit what they were."""
+    engine = await make(num_blocks=64)
+    first = prompt(96)
+    outs = await collect(engine, EngineRequest("t1", first, max_tokens=1, ignore_eos=True))
+    storage = engine.pool.kv.untyped_storage().data_ptr()
+    held = _cached_block_ids(engine, [*first, 0])  # a prefix match leaves one token to compute
+    assert len(held) == 6
+    before = engine.pool.kv[:, :, held].clone()
+    written: list[int] = []
+    forward = engine.runner.forward
+
+    def recording(token_ids: Any, positions: Any, batch: Any, keep: Any) -> torch.Tensor:
+        written.extend(batch.slots.tolist())
+        return forward(token_ids, positions, batch, keep)
+
+    monkeypatch.setattr(engine.runner, "forward", recording)
+    turn2 = first + tokens(outs) + prompt(20, 2000)
+    outs2 = await collect(engine, EngineRequest("t2", turn2, max_tokens=3, ignore_eos=True))
+    assert outs2[-1].usage is not None and outs2[-1].usage.cached_tokens == 96
+    assert len(written) == len(turn2) - 96 + 2  # the suffix, then two decodes: nothing of the prefix
+    assert not {slot // 16 for slot in written} & set(held)
+    assert engine.pool.kv.untyped_storage().data_ptr() == storage
+    assert torch.equal(engine.pool.kv[:, :, held], before)
+
+
+def _cached_block_ids(engine: TorchEngine, token_ids: list[int]) -> list[int]:
+    """The pool blocks holding ``token_ids``' cached full blocks (looked up by holding them for a moment)."""
+    from services.kvcore.block_manager import KvSequence
+
+    seq = KvSequence()
+    engine.blocks.acquire_prefix(seq, token_ids)
+    ids = engine.blocks.block_ids(seq)
+    engine.blocks.free(seq)
+    return ids
 
 
 async def test_cache_served_logits_equal_a_cold_run(make: Make) -> None:
@@ -117,21 +195,19 @@ async def test_cache_served_logits_equal_a_cold_run(make: Make) -> None:
         torch.testing.assert_close(w, c, rtol=0, atol=1e-4)
 
 
-async def test_block_kv_round_trip_is_exact(runner: ModelRunner) -> None:
-    ids = prompt(48)
-    cache = runner.new_cache()
-    full = runner.forward(ids, cache, 0)
-    blocks = [ModelRunner.cut_block(cache, i, 16) for i in range(2)]
-    rebuilt = runner.assemble(blocks)
-    suffix = runner.forward(ids[32:], rebuilt, 32)
-    torch.testing.assert_close(suffix, full, rtol=0, atol=1e-5)
+def test_paged_attention_refuses_to_run_outside_an_engine_step(runner: ModelRunner) -> None:
+    with pytest.raises(RuntimeError, match="inside a torch engine step"), torch.inference_mode():
+        runner.model(input_ids=torch.tensor([prompt(4)]), use_cache=False)
 
 
-def test_forward_uses_the_installed_transformers_cache_argument(runner: ModelRunner) -> None:
-    """No deprecation on the hot path: transformers 5.x warns on ``past_key_values`` (gone in a later release)."""
+def test_forward_warns_of_nothing(runner: ModelRunner) -> None:
+    """No deprecation on the hot path (transformers 5.x warns of arguments a later release removes)."""
+    from services.worker.torch_engine.kv_pool import plan_batch
+
+    pool = runner.new_pool(4, 16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        runner.forward(prompt(8), runner.new_cache(), 0)
+        runner.forward(prompt(8), list(range(8)), plan_batch(pool, [(0, 8, [2])]), [7])
 
 
 async def test_requests_are_interleaved_per_step(make: Make) -> None:
@@ -195,3 +271,39 @@ def test_missing_weights_fail_clearly(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidRequestError, match="cannot load a causal LM"):
         ModelRunner(tmp_path)
+
+
+async def test_sliding_window_layers_match_plain_generate(tmp_path: Path) -> None:
+    """A model whose layers slide (Qwen2 with ``use_sliding_window``) attends over each layer's window in the
+    pool too: past the window, greedy output is still plain transformers' own (prefill chunks and decodes)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    path = build_tiny_model(tmp_path / "base", arch="qwen2")
+    config = Qwen2Config.from_pretrained(path)
+    config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 24, 1
+    config.layer_types = ["full_attention", "sliding_attention"]
+    torch.manual_seed(1)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    plain = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").eval()
+    assert plain.config.layer_types == ["full_attention", "sliding_attention"]
+    engine = TorchEngine(TorchConfig(max_num_batched_tokens=32), load_model_dir(path), ModelRunner(path))
+    await engine.start()
+    try:
+        outs = await collect(engine, EngineRequest("w", prompt(70), max_tokens=12, ignore_eos=True))
+    finally:
+        await engine.close()
+    expected = plain_greedy(plain, prompt(70), 12)
+    assert tokens(outs) == expected
+
+
+def test_soft_capped_attention_is_refused_at_load(tmp_path: Path) -> None:
+    from transformers import LlamaConfig
+
+    from services.common.errors import InvalidRequestError
+
+    path = build_tiny_model(tmp_path / "capped")
+    config = LlamaConfig.from_pretrained(path)
+    config.attn_logit_softcapping = 50.0
+    config.save_pretrained(path)
+    with pytest.raises(InvalidRequestError, match="soft-capped attention logits"):
+        ModelRunner(path)

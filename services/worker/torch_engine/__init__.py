@@ -1,4 +1,4 @@
-"""The torch engine (``--engine torch``): a Hugging Face causal LM on the CPU with a paged prefix cache.
+"""The torch engine (``--engine torch``): a Hugging Face causal LM over one paged KV pool (CPU or GPU).
 
 Needs the ``torch`` extra (``pip install -e '.[torch]'``); nothing outside this package imports it.
 """

@@ -1,17 +1,16 @@
-"""The torch engine: a real Hugging Face causal LM on the CPU behind the :class:`Engine` contract.
+"""The torch engine: a real Hugging Face causal LM (CPU or GPU) behind the :class:`Engine` contract.
 
 Scheduling is the shared engine core's (``services/kvcore``: continuous batching, chunked prefill,
 FIFO admission with the longest cached prefix, preemption of the newest request under KV pressure).
 This engine supplies only the compute of a planned step (:class:`TorchCompute`):
 
-1. On the loop, each item gets its request's ``DynamicCache`` (a request just admitted builds one from
-   its cached prefix blocks, ``kv_store.py``) and the list of blocks the step seals.
-2. In a worker thread (the event loop stays free for gRPC and NATS), one forward per item, in plan
-   order (continuous batching of whole requests; the forwards of one step are not fused into one
-   padded batch); the KV of each block the step sealed is cut out of the cache. A request admitted
-   in the same step may reuse a block sealed by an earlier item: it is taken from those fresh cuts.
-3. Back on the loop, the fresh blocks go into the prefix cache and a token is sampled for every item
-   whose chunk completed its known tokens; the core delivers them (stop rules, output batching).
+1. On the loop, each item's block table comes from the core's block manager (its block ids are the slots of
+   the paged KV pool, ``kv_pool.py``): the blocks of a cached prefix are used where they lie, nothing is copied.
+2. In a worker thread (the event loop stays free for gRPC and NATS), one forward of the whole step: every
+   item's tokens packed into one sequence (prefill chunks and decodes, each with its own positions), attention
+   over the pool through transformers' attention registry.
+3. Back on the loop, a token is sampled for every item whose chunk completed its known tokens (per request,
+   seeded); the core delivers them (stop rules, output batching).
 """
 
 from __future__ import annotations
@@ -19,19 +18,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from services.common.errors import InvalidRequestError
 from services.common.model_dir import ModelDir
+from services.kvcore.block_manager import BlockManager
 from services.kvcore.config import BatchingConfig
 from services.kvcore.outputs import CheckedRequest
 from services.kvcore.request import CoreRequest
-from services.kvcore.scheduler import ScheduledItem, StepPlan
+from services.kvcore.scheduler import StepPlan
 from services.worker.core_engine import CoreEngine
-from services.worker.torch_engine.kv_store import PagedKvCache
-from services.worker.torch_engine.runner import BlockKV, ModelRunner
+from services.worker.torch_engine.kv_pool import CachedHashes, KvPool, StepBatch, plan_batch
+from services.worker.torch_engine.runner import ModelRunner
 from services.worker.torch_engine.sampler import Sampler
 
 
@@ -41,64 +40,65 @@ class TorchConfig(BatchingConfig):
 
 
 @dataclass(eq=False)
-class _Work:
-    item: ScheduledItem
-    cache: Any                                                  # the request's DynamicCache; None: build it
-    prefix: list[tuple[int, BlockKV | None]] = field(default_factory=list)  # cached blocks to build it from
-    sealed: list[tuple[int, int]] = field(default_factory=list)  # (block index, hash) this step computes
+class _Table:
+    """A running request's block ids of its full blocks so far (a held full block keeps its id)."""
+
+    full: list[int] = field(default_factory=list)
 
 
 class TorchCompute:
-    """One step's forwards and sampling (see module docstring); the core does the rest."""
+    """One step's forward and sampling (see module docstring); the core does the rest."""
 
-    def __init__(self, runner: ModelRunner, sampler: Sampler, kv: PagedKvCache, block_size: int) -> None:
+    def __init__(self, runner: ModelRunner, sampler: Sampler, pool: KvPool) -> None:
         self.runner = runner
         self.sampler = sampler
-        self.kv = kv
-        self.block_size = block_size
+        self.pool = pool
+        self.blocks: BlockManager | None = None  # the core's (made with the core, after this compute)
 
     def modelled_seconds(self, plan: StepPlan) -> float:
-        return 0.0  # a step takes as long as its forwards
+        return 0.0  # a step takes as long as its forward
+
+    def _table(self, req: CoreRequest) -> list[int]:
+        assert self.blocks is not None
+        state = req.engine_state
+        seq = req.seq
+        if not isinstance(state, _Table) or len(state.full) > len(seq.hashes):
+            state = req.engine_state = _Table()
+        fresh = self.blocks.block_ids(seq, len(state.full))
+        new_full = len(seq.hashes) - len(state.full)
+        state.full.extend(fresh[:new_full])
+        return state.full + fresh[new_full:]
 
     async def run(self, plan: StepPlan) -> Sequence[int | None]:
-        work = [self._work(item) for item in plan.items]
-        results, fresh = await asyncio.to_thread(self._forward, work)
-        for block_hash, kv in fresh.items():
-            self.kv.store(block_hash, kv)
+        tokens: list[int] = []
+        positions: list[int] = []
+        items: list[tuple[int, int, list[int]]] = []
+        keep: list[int] = []
+        for item in plan.items:
+            n = len(item.tokens)
+            tokens.extend(item.tokens)
+            positions.extend(range(item.start, item.start + n))
+            items.append((item.start, n, self._table(item.request)))
+            if item.samples:
+                keep.append(len(tokens) - 1)
+        logits = await asyncio.to_thread(self._forward, tokens, positions, items, keep) if tokens else None
         sampled: list[int | None] = []
-        for w, (cache, logits) in zip(work, results, strict=True):
-            req = w.item.request
-            if req.finished:  # aborted while the step ran
+        row = 0
+        for item in plan.items:
+            if not item.samples:
                 sampled.append(None)
                 continue
-            req.engine_state = cache
-            sampled.append(self.sampler.sample(req.request, logits) if w.item.samples else None)
+            assert logits is not None
+            req = item.request
+            sampled.append(None if req.finished else self.sampler.sample(req.request, logits[row]))
+            row += 1
         return sampled
 
-    def _work(self, item: ScheduledItem) -> _Work:
-        req, bs = item.request, self.block_size
-        w = _Work(item, req.engine_state)
-        if w.cache is None:  # just admitted: its KV so far is the cached prefix (whole blocks)
-            w.prefix = [(h, self.kv.get(h)) for h in req.seq.hashes[: item.start // bs]]
-        for index in range(item.start // bs, (item.start + len(item.tokens)) // bs):
-            if self.kv.awaiting(req.seq.hashes[index]):
-                w.sealed.append((index, req.seq.hashes[index]))
-        return w
-
-    def _forward(self, work: list[_Work]) -> tuple[list[tuple[Any, torch.Tensor]], dict[int, BlockKV]]:
-        """Runs in a worker thread: touches only the items' own caches, the model and the fresh cuts."""
-        fresh: dict[int, BlockKV] = {}
-        out = []
-        for w in work:
-            cache = w.cache
-            if cache is None:
-                cache = self.runner.assemble([kv if kv is not None else fresh[h] for h, kv in w.prefix])
-            logits = self.runner.forward(w.item.tokens, cache, w.item.start)
-            for index, block_hash in w.sealed:
-                if block_hash not in fresh:
-                    fresh[block_hash] = ModelRunner.cut_block(cache, index, self.block_size)
-            out.append((cache, logits))
-        return out, fresh
+    def _forward(self, tokens: list[int], positions: list[int], items: list[tuple[int, int, list[int]]],
+                 keep: list[int]) -> torch.Tensor:
+        """Runs in a worker thread: writes only the step's own slots of the pool."""
+        batch: StepBatch = plan_batch(self.pool, items)
+        return self.runner.forward(tokens, positions, batch, keep)
 
 
 class TorchEngine(CoreEngine):
@@ -111,9 +111,12 @@ class TorchEngine(CoreEngine):
     ) -> None:
         self.runner = runner
         self.sampler = sampler if sampler is not None else Sampler()
-        self.kv = PagedKvCache()
-        super().__init__(config, model, TorchCompute(runner, self.sampler, self.kv, config.block_size),
-                         on_event=self.kv.on_event, on_release=lambda req: self.sampler.release(req.request_id))
+        self.cached = CachedHashes()
+        self.pool = runner.new_pool(config.num_blocks, config.block_size)
+        self.compute = compute = TorchCompute(runner, self.sampler, self.pool)
+        super().__init__(config, model, compute, on_event=self.cached.on_event,
+                         on_release=lambda req: self.sampler.release(req.request_id))
+        compute.blocks = self.blocks
 
     def _new_request(self, checked: CheckedRequest) -> CoreRequest:
         if any(t < 0 or t >= self.runner.vocab_size for t in checked.request.token_ids):
@@ -122,4 +125,4 @@ class TorchEngine(CoreEngine):
 
     def cached_block_hashes(self) -> set[int]:
         """Hashes of every full block whose KV this engine holds (what its KV events describe)."""
-        return self.kv.hashes()
+        return self.cached.hashes()
