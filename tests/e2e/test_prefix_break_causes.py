@@ -26,15 +26,18 @@ SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session_id", "se
 
 
 def sessions() -> list[tuple[str, list[dict[str, Any]]]]:
-    """(capture, its chat requests in order) for every capture with a chat request."""
+    """(capture, one session's chat requests in order) for every session of every capture with a chat request (a
+    capture may hold several sessions: Codex's compaction capture has a local and a remote one)."""
     out = []
     for path in sorted(CAPTURES.glob("*.json")):
         data = json.loads(path.read_text())
         requests = data.get("requests") or ([data] if "body" in data else [])
         chats = [r for r in requests if r.get("method") == "POST" and r["path"].split("?")[0] in CHAT_PATHS
                  and isinstance(r.get("body"), dict)]
-        if chats:
-            out.append((path.stem, chats))
+        by_session: dict[str, list[dict[str, Any]]] = {}
+        for request in chats:
+            by_session.setdefault(session_of(request, ""), []).append(request)
+        out.extend((path.stem, session_chats) for session_chats in by_session.values())
     return out
 
 

@@ -48,7 +48,7 @@ class KvPool:
 
     @property
     def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
+        return int(self.kv.numel() * self.kv.element_size())
 
     def blocks(self, layer: int, which: int) -> torch.Tensor:
         """Layer ``layer``'s keys (``which=0``) or values (1): ``[num_blocks, block_size, kv_heads, head_dim]``."""
