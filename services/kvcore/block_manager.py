@@ -36,17 +36,11 @@ from dataclasses import dataclass
 from itertools import compress, count, islice, repeat, starmap, takewhile
 from operator import add, eq, gt, not_, sub
 
-from services.common.block_hash import chain, extend_hashes, local_block_hashes, seed_for, sequence_hashes
+from services.common.block_hash import chain, extend_hashes, local_block_hashes, sequence_hashes
 from services.common.sequences import common_prefix
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock, stored_blocks
 from services.kvcore.retention import Retention
-
-
-@dataclass(slots=True)
-class _Partial:
-    """A sequence's private, not yet full block."""
-
-    block_id: int
+from services.kvcore.sequence import KvSequence, PartialBlock
 
 
 class _Watch:
@@ -88,32 +82,6 @@ class _Probe:
     held: int = 0    # its first ``held`` blocks are referenced (active); the ``newest`` after them were the LRU
     newest: int = 0  # list's newest entries, newest first
     touched: bool = False
-
-
-class KvSequence:
-    """One request's block table: how many tokens' KV it holds, its full blocks and partial block.
-
-    A sequence belongs to one token stream that only grows (a request's prompt, then its generated
-    tokens; a recompute after preemption feeds the same tokens again): every ``token_ids`` given to
-    :meth:`BlockManager.acquire_prefix` / :meth:`BlockManager.append` continues or repeats that stream.
-    ``known`` caches the stream's chained block hashes (``hashes`` is always a prefix of it); it survives
-    :meth:`BlockManager.free`, and a caller that hashed the prompt already (the router's placement in the
-    simulator) passes them in as ``known`` so nothing is hashed twice. Of the tokens themselves only the
-    ``tail`` past the last full block is kept (a block whose hash is not known yet is hashed from it).
-    """
-
-    def __init__(self, salt: str = "", known: list[int] | None = None) -> None:
-        self.salt = salt
-        self.seed = seed_for(salt)
-        self.length = 0                   # tokens whose KV it holds
-        self.tail: list[int] = []         # the last ``length - len(hashes) * block_size`` of them
-        self.hashes: list[int] = []       # sequence hashes of the full blocks it references
-        self.partial: _Partial | None = None
-        self.known: list[int] = known if known is not None else []  # hashes of the stream's full blocks
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.hashes) + (1 if self.partial is not None else 0)
 
 
 class BlockManager:
@@ -396,7 +364,7 @@ class BlockManager:
         if not self.available_blocks:
             return False
         removed: list[int] = []
-        seq.partial = _Partial(self._take_block_id(removed))
+        seq.partial = PartialBlock(self._take_block_id(removed))
         if removed:
             self._emit(KvRemoved(self._event_id(), tuple(removed)))
         seq.tail = [token]
@@ -548,11 +516,11 @@ class BlockManager:
         full.update(zip(new, sealed_ids, strict=True))
         runs.append((seq.hashes[-1] if seq.hashes else None, stored_blocks(new, sealed_ids, bs)))
         seq.hashes.extend(new)
-        seq.partial = _Partial(ids[-1]) if end % bs else None
+        seq.partial = PartialBlock(ids[-1]) if end % bs else None
         return True
 
     def _fill_each(self, seq: KvSequence, token_ids: Sequence[int], start: int, end: int, removed: list[int],
-                   runs: list[tuple[int | None, list[StoredBlock]]]) -> _Partial | None:
+                   runs: list[tuple[int | None, list[StoredBlock]]]) -> PartialBlock | None:
         """:meth:`_fill` block by block (the hot loop of a decode's block, hence its locals); returns the new
         partial block."""
         bs = self.block_size
@@ -560,7 +528,7 @@ class BlockManager:
         block = seq.partial
         while True:
             if block is None:
-                block = _Partial(free_ids.pop() if free_ids else self._take_block_id(removed))
+                block = PartialBlock(free_ids.pop() if free_ids else self._take_block_id(removed))
             index = len(hashes)
             if end < (index + 1) * bs:
                 break

@@ -10,10 +10,10 @@ from typing import overload
 
 from tokenizers import Tokenizer
 
-from services.kvcore.block_manager import KvSequence
 from services.kvcore.domain import PromptInfo
 from services.kvcore.outputs import CheckedRequest, OutputBuffer
 from services.kvcore.retention import RetentionHint, tool_call_ids
+from services.kvcore.sequence import KvSequence
 from services.kvcore.stops import StopStringMatcher
 from services.kvcore.tokens import TokenSource
 
