@@ -265,6 +265,7 @@ class WorkerInfo(_message.Message):
     TOTAL_BLOCKS_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
+    SHORTEST_PREFILL_FIRST_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     grpc_address: _builtins.str
     """host:port of its Worker service"""
@@ -274,6 +275,8 @@ class WorkerInfo(_message.Message):
     """KV capacity in blocks"""
     model: _builtins.str
     engine: _builtins.str
+    shortest_prefill_first: _builtins.bool
+    """the engine gives a step's budget to the prompts with the fewest tokens left first"""
     def __init__(
         self,
         *,
@@ -283,10 +286,11 @@ class WorkerInfo(_message.Message):
         total_blocks: _builtins.int = ...,
         model: _builtins.str = ...,
         engine: _builtins.str = ...,
+        shortest_prefill_first: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "grpc_address", b"grpc_address", "model", b"model", "total_blocks", b"total_blocks", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "grpc_address", b"grpc_address", "model", b"model", "shortest_prefill_first", b"shortest_prefill_first", "total_blocks", b"total_blocks", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -19,11 +19,14 @@ class BatchingConfig:
     max_num_batched_tokens: int = 8192        # token budget of one step (chunked prefill)
     max_tokens_default: int = 1024            # max_tokens when a request leaves it at 0
     retention: bool = True                    # honour requests' retention hints (services/kvcore/retention.py)
+    prefill_order: str = "shortest"           # which prefills get a step's budget first (scheduler.py)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.prefill_order not in ("shortest", "fcfs"):
+            raise ValueError(f"prefill_order must be 'shortest' or 'fcfs', not {self.prefill_order!r}")
 
     @property
     def capacity_tokens(self) -> int:

@@ -49,7 +49,7 @@ class EngineCore:
         self.config = config
         self.blocks = BlockManager(config.num_blocks, config.block_size, on_event, clock)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.retention)
+                                   config.retention, config.prefill_order)
         self.requests: dict[str, CoreRequest] = {}
         self.steps = 0
         # an agent's next turn continues its last prompt: hash only the blocks past the common prefix

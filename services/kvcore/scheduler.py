@@ -14,6 +14,16 @@ Policy (vLLM V1-like, synchronous and free of I/O so it is unit-testable):
 3. Then waiting requests are admitted FIFO while ``max_num_seqs``, the token budget and free blocks
    allow (head-of-line: the first one that does not fit stops admission), unless this step preempted.
 
+Prefill order (``prefill_order``): with ``fcfs`` the running prefills take the step's budget in admission
+order and the waiting queue gets what is left, so a short prompt (an agent's next turn: its cached
+conversation plus a tool result) waits behind a long one's every chunk. ``shortest`` (the default) gives the
+budget left after the decodes to prefills by fewest tokens still to compute first, the waiting head among
+them (its cached prefix probed): a 2,000-token turn behind a cold 100,000-token prompt gets its first token
+in one step instead of twelve, and the long prompt loses one step. Shortest-remaining-first minimises mean
+waiting (as SGLang's cache-aware ``lpm`` policy and vLLM's concurrent partial prefills aim to); the
+router counts a worker's prefills in flight the same way (``services/router/policy.py``). Only how much
+each request computes changes: blocks are still taken, and preemption still chosen, in admission order.
+
 Blocks for a step's tokens are taken when it is scheduled, so a step never runs out of room
 half-way: the chunk fed to the model, plus, when the request knows its next token in advance
 (:meth:`CoreRequest.lookahead`: scripted or seeded output, the mocker and the simulator), that
@@ -72,8 +82,11 @@ class Scheduler:
     """Waiting and running queues over a :class:`BlockManager` (see module docstring)."""
 
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 retention: bool = True) -> None:
+                 retention: bool = True, prefill_order: str = "shortest") -> None:
+        if prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"unknown prefill order {prefill_order!r}; valid: {', '.join(PREFILL_ORDERS)}")
         self.blocks = blocks
+        self.shortest_first = prefill_order == "shortest"
         self.retention = retention  # honour requests' retention hints (off: plain LRU)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -105,21 +118,43 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        budget = self._schedule_running(plan)
+        budget = self._schedule_running(plan, self._allotment() if self.shortest_first else None)
         if not plan.preempted:
             self._admit_waiting(plan, budget)
         return self._close(plan)
 
-    def _schedule_running(self, plan: StepPlan) -> int:
-        """Running requests' shares of the step (preempting the newest where blocks run out); the budget left."""
+    def _allotment(self) -> dict[CoreRequest, int] | None:
+        """Shortest-first: each running prefill's share of the step's budget (None: the plain order gives the
+        same shares, so it runs as ``fcfs``)."""
+        running = self.running
+        prefills = [req for req in running if req.prefilling]
+        waiting = self.waiting[0] if self.waiting and len(running) < self.max_num_seqs else None
+        if not prefills or (len(prefills) == 1 and waiting is None):
+            return None
+        budget = self.max_num_batched_tokens - (len(running) - len(prefills))
+        remaining = [(len(req.all_tokens) - req.seq.length, req.order, req) for req in prefills]
+        if waiting is not None:
+            matched, _ = self.blocks.probe_prefix(waiting.seq, waiting.all_tokens)
+            remaining.append((len(waiting.all_tokens) - matched * self.blocks.block_size, _WAITING, waiting))
+        shares: dict[CoreRequest, int] = {}
+        for left, _, req in sorted(remaining, key=_by_remaining):
+            shares[req] = share = max(0, min(left, budget))
+            budget -= share
+        return shares
+
+    def _schedule_running(self, plan: StepPlan, shares: dict[CoreRequest, int] | None = None) -> int:
+        """Running requests' shares of the step (preempting the newest where blocks run out); the budget left.
+        ``shares``: the most each prefill computes (shortest-first); the budget left then includes what the
+        waiting head was given."""
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            if budget <= 0 and req.prefilling:
+            cap = budget if shares is None or not req.prefilling else min(budget, shares.get(req, 0))
+            if cap <= 0 and req.prefilling:
                 i += 1
                 continue
-            item = self._try_schedule(req, budget)
+            item = self._try_schedule(req, cap)
             if item is not None:
                 plan.items.append(item)
                 budget -= max(item.prefill_tokens, 1)
@@ -405,6 +440,14 @@ class Scheduler:
         req.lose_blocks()
         self.waiting.appendleft(req)
         self.preemptions += 1
+
+
+PREFILL_ORDERS = ("shortest", "fcfs")
+_WAITING = float("inf")  # the waiting head's place among running prefills with as many tokens left
+
+
+def _by_remaining(entry: tuple[int, float, CoreRequest]) -> tuple[int, float]:
+    return entry[0], entry[1]
 
 
 def _decodes_plainly(req: CoreRequest) -> bool:

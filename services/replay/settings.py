@@ -22,6 +22,8 @@ class ReplaySettings:
     num_blocks: int = option(_WORKER.num_blocks, "KV blocks per worker.")
     max_num_seqs: int = option(_WORKER.max_num_seqs, "Most requests per engine step.")
     max_num_batched_tokens: int = option(_WORKER.max_num_batched_tokens, "Token budget per step.")
+    prefill_order: str = option(_WORKER.prefill_order, "Which prompts get a step's budget first (the worker's "
+                                "--prefill-order): shortest or fcfs.", choices=("shortest", "fcfs"))
     overlap_weight: float = option(DEFAULT_OVERLAP_WEIGHT, "kv cost weight of prefill blocks.")
     router_temperature: float = option(0.0, "Softmax temperature of kv placement.")
     pending_prefix_ttl: float = option(DEFAULT_PENDING_TTL, "kv: simulated seconds a placement still counts as its "
@@ -42,7 +44,7 @@ class ReplaySettings:
     def worker(self) -> SimWorkerConfig:
         """Each simulated (or live) worker's capacity and batching limits."""
         return SimWorkerConfig(block_size=self.block_size, num_blocks=self.num_blocks, max_num_seqs=self.max_num_seqs,
-                               max_num_batched_tokens=self.max_num_batched_tokens)
+                               max_num_batched_tokens=self.max_num_batched_tokens, prefill_order=self.prefill_order)
 
     @property
     def modes(self) -> list[str]:

@@ -26,6 +26,7 @@ from services.replay.metrics import ReplayResult, RequestRecord, summarise
 from services.replay.sim_worker import SimWorker, SimWorkerConfig
 from services.replay.trace import TracePrompts, TraceRequest
 from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, StoredEvent
+from services.router.footprint import DEFAULT_FOOTPRINT_WINDOW, SessionFootprints
 from services.router.pending import DEFAULT_PENDING_TTL, PendingPrefixes
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerRegistry
@@ -46,6 +47,7 @@ class ReplayConfig:
     seed: int = 0
     pending_prefix_ttl: float = DEFAULT_PENDING_TTL  # kv: the router's pending-prefix index (0: off)
     retention: bool = True   # workers honour agent traces' retention hints (agent.py; no hints: plain LRU)
+    footprint_window: float = DEFAULT_FOOTPRINT_WINDOW  # kv: the router's session footprints (0: off)
 
 
 _block_hash = attrgetter("block_hash")
@@ -76,14 +78,17 @@ class Replay:
             if config.mode == "kv" and config.pending_prefix_ttl > 0 else None
         # The walk, not chain depths: a replay stores far more blocks than it places requests, and keeping
         # depths costs more per stored block than it saves per match (long trace: 1.89 -> 2.24 s; same output).
+        footprints = SessionFootprints(config.footprint_window, clock=self._seconds) \
+            if config.mode == "kv" and config.footprint_window > 0 else None
         self.router = Router(KvIndex(chains=False), registry,
                              PlacementPolicy(config.mode, config.overlap_weight, random.Random(config.seed),
-                                             temperature=config.temperature), pending=pending)
+                                             temperature=config.temperature), pending=pending, footprints=footprints)
         self.workers: dict[str, SimWorker] = {}
         wc = config.worker
         for i in range(config.workers):
             wid = f"sim-{i}"
-            registry.heartbeat(WorkerEndpoint(wid, f"sim:{i}", wc.block_size, wc.num_blocks, engine="sim"))
+            registry.heartbeat(WorkerEndpoint(wid, f"sim:{i}", wc.block_size, wc.num_blocks, engine="sim",
+                                              shortest_prefill_first=wc.prefill_order == "shortest"))
             self.workers[wid] = SimWorker(wid, replace(wc, retention=config.retention), config.timing, model, vocab,
                                           self._on_events, clock=self._seconds)
         self._events: list[tuple[float, int, str, object]] = []
@@ -151,7 +156,7 @@ class Replay:
         # synthesised and hashed once (per trace block, shared by the requests repeating it): the router's
         # placement and the chosen worker's engine core share the hashes
         tokens, hashes = self._prompts.prompt(treq)
-        placement = self.router.place(tokens, hashes={self.config.worker.block_size: hashes})
+        placement = self.router.place(tokens, hashes={self.config.worker.block_size: hashes}, session=treq.session)
         best = placement.candidates[0]
         worker = self.workers[best.worker_id]
         max_tokens = max(treq.output_length, 1)

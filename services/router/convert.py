@@ -42,6 +42,7 @@ def endpoint(info: worker_pb2.WorkerInfo) -> WorkerEndpoint:
         total_blocks=info.total_blocks,
         model=info.model,
         engine=info.engine,
+        shortest_prefill_first=info.shortest_prefill_first,
     )
 
 
@@ -53,6 +54,7 @@ def worker_info(ep: WorkerEndpoint) -> worker_pb2.WorkerInfo:
         total_blocks=ep.total_blocks,
         model=ep.model,
         engine=ep.engine,
+        shortest_prefill_first=ep.shortest_prefill_first,
     )
 
 

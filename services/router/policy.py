@@ -1,14 +1,28 @@
 """Placement: which worker should run a request, given prefix overlaps and load.
 
-``kv`` mode scores each worker (lower is better) as in Dynamo's KV router::
+``kv`` mode scores each worker (lower is better), in blocks::
 
-    cost = overlap_weight * (prefill blocks in flight + new_blocks) + (active blocks in flight
-           + request blocks + expected decode blocks)
+    cost = overlap_weight * (prefill ahead + new_blocks) + kv_held ** 2 / capacity + live_weight * live
 
-``new_blocks`` are the blocks of this prompt the worker does not hold (its prefill work; blocks the
-pending-prefix index predicts there count as held, ``pending.py``); the second
-term is the KV the worker will be holding (every prompt block plus ``agent_hints.osl`` worth of decode
-blocks). With ``temperature == 0`` the cheapest worker wins and ties go to the worker with fewer requests
+* ``new_blocks``: the blocks of this prompt the worker does not hold (its prefill work; blocks the
+  pending-prefix index predicts there count as held, ``pending.py``).
+* ``prefill ahead``: the prefill in flight there that this prompt would wait for. A worker that serves the
+  prompts with the fewest tokens left first (``--prefill-order shortest``, the mocker's and torch engine's
+  default; its heartbeat says so) makes a prompt wait for each request in flight only up to its own size
+  (:meth:`WorkerLoad.prefill_ahead`): an agent's next turn with 50 new blocks is not queued behind another
+  session's cold 1,500-block prompt, so that prompt no longer pushes the turn off the worker holding its
+  1,000 cached blocks. Other engines (TensorRT-LLM) count all prefill in flight, as Dynamo's router does.
+* ``kv_held``: the KV the worker's requests in flight would hold with this one (every prompt block plus
+  ``agent_hints.osl`` worth of decode blocks), over its ``capacity``: squared, so load a worker has room
+  for weighs little and a nearly full one weighs its whole capacity. (Dynamo adds it linearly: two long
+  sessions decoding on a worker, 2,400 blocks, then outweigh 240 blocks of prefill, and their neighbour's
+  next turn leaves its cache for an idle worker to recompute 15,000 tokens.)
+* ``live``: the worker's live footprint, the prompt blocks of the other sessions whose last turn it served
+  in the last few minutes (``footprint.py``): where a new session's context goes when no worker holds it,
+  so long-lived sessions spread by the room they keep rather than by the requests in flight at the moment.
+
+Without a capacity (a caller that gives no endpoints) the KV term is linear and no footprint counts.
+With ``temperature == 0`` the cheapest worker wins and ties go to the worker with fewer requests
 in flight; with ``temperature > 0`` the first worker is drawn from a softmax over the normalised costs
 (the rest stay cheapest-first, as fallbacks). The other modes exist so benchmarks compare like with like.
 
@@ -28,7 +42,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.router.registry import WorkerLoad
+from services.router.registry import WorkerEndpoint, WorkerLoad
 
 MODES = ("kv", "round-robin", "random", "least-loaded")
 
@@ -38,6 +52,11 @@ MODES = ("kv", "round-robin", "random", "least-loaded")
 # reuse 0.204 / 0.215 / 0.234 / 0.238 / 0.244 and mean TTFT 266 / 256 / 245 / 240 / 236 ms. 8 keeps most of
 # the gain while load still counts for something when a hot prefix would pile requests on one worker.
 DEFAULT_OVERLAP_WEIGHT = 8.0
+
+# Cost of a block of another session's live context on the worker, relative to a block of KV held by a request
+# in flight at an empty worker (1) and a block of prefill (8). Swept on kv-cache-tester slices under KV
+# pressure (bench/agent_kv.py; docs/agent-kv.md): TODO figures.
+DEFAULT_LIVE_WEIGHT = 1.0
 
 @dataclass(frozen=True)
 class Candidate:
@@ -54,13 +73,15 @@ class PlacementPolicy:
     """Orders candidate workers best-first for one request (the rest are retry/migration fallbacks)."""
 
     def __init__(
-        self, mode: str, overlap_weight: float, rng: random.Random | None = None, temperature: float = 0.0
+        self, mode: str, overlap_weight: float, rng: random.Random | None = None, temperature: float = 0.0,
+        live_weight: float = DEFAULT_LIVE_WEIGHT,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown routing mode {mode!r}; valid modes: {', '.join(MODES)}")
         self.mode = mode
         self.overlap_weight = overlap_weight
         self.temperature = temperature
+        self.live_weight = live_weight
         self._rng = rng or random.Random()
         self._next = 0
 
@@ -72,21 +93,28 @@ class PlacementPolicy:
         decode_blocks: int = 0,
         predicted: Mapping[str, int] | None = None,
         shared: Mapping[str, int] | None = None,
+        endpoints: Mapping[str, WorkerEndpoint] | None = None,
+        live: Mapping[str, int] | None = None,
     ) -> list[Candidate]:
         """``predicted`` / ``shared``: per worker, overlap blocks only predicted, and overlap blocks being
-        computed there by requests in flight (see the module docstring); absent means 0."""
+        computed there by requests in flight; ``endpoints``: each worker's capacity and prefill order;
+        ``live``: each worker's live footprint (see the module docstring); absent means 0 / unknown."""
         candidates = []
         for wid in sorted(overlaps):
             overlap = overlaps[wid]
             new = max(request_blocks - overlap, 0)
             load = loads[wid]
-            in_flight = load.prefill_blocks
+            endpoint = endpoints.get(wid) if endpoints else None
+            ahead = load.prefill_ahead(new) if endpoint is not None and endpoint.shortest_prefill_first \
+                else load.prefill_blocks
             if shared:
-                in_flight -= min(shared.get(wid, 0), in_flight)
-            prefill = in_flight + new
-            active = load.active_blocks + request_blocks + decode_blocks
-            candidates.append(Candidate(wid, overlap, new, self.overlap_weight * prefill + active,
-                                        predicted.get(wid, 0) if predicted else 0))
+                ahead -= min(shared.get(wid, 0), ahead)
+            held = load.active_blocks + request_blocks + decode_blocks
+            kv = held * held / endpoint.total_blocks if endpoint is not None and endpoint.total_blocks > 0 else held
+            cost = self.overlap_weight * (ahead + new) + kv
+            if live:
+                cost += self.live_weight * live.get(wid, 0)
+            candidates.append(Candidate(wid, overlap, new, cost, predicted.get(wid, 0) if predicted else 0))
         if not candidates:
             return []
         if self.mode == "kv":

@@ -17,6 +17,7 @@ class WorkerEndpoint:
     total_blocks: int
     model: str = ""
     engine: str = ""
+    shortest_prefill_first: bool = False  # its engine serves prompts with the fewest tokens left first
 
 
 @dataclass
@@ -26,6 +27,28 @@ class WorkerLoad:
     requests: int = 0
     active_blocks: int = 0
     prefill_blocks: int = 0
+    prefills: dict[int, int] = field(default_factory=dict)  # prefill size in blocks -> requests prefilling that many
+
+    def prefill_ahead(self, new_blocks: int) -> int:
+        """Prefill blocks in flight that a prompt with ``new_blocks`` to compute waits for, when the worker gives
+        its step budget to the prompts with the fewest tokens left first (``--prefill-order shortest``): each
+        request in flight delays it by its own size, or by ``new_blocks`` when it is larger (the two share
+        steps until the new one is done)."""
+        if not self.prefills:
+            return 0
+        return sum((size if size < new_blocks else new_blocks) * n for size, n in self.prefills.items())
+
+    def add_prefill(self, blocks: int) -> None:
+        self.prefill_blocks += blocks
+        if blocks > 0:
+            self.prefills[blocks] = self.prefills.get(blocks, 0) + 1
+
+    def end_prefill(self, blocks: int) -> None:
+        self.prefill_blocks -= blocks
+        if blocks > 0:
+            n = self.prefills.pop(blocks)
+            if n > 1:
+                self.prefills[blocks] = n - 1
 
 
 @dataclass

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from services.common import token_bytes
 from services.common.block_hash import PrefixHashCache
+from services.router.footprint import SessionFootprints
 from services.router.index import KvEvent, KvIndex
 from services.router.pending import PendingEntry, PendingPrefixes
 from services.router.policy import Candidate, PlacementPolicy, blocks_for
@@ -26,6 +27,7 @@ class Placement:
     decode_blocks: int = 0
     hashes: Mapping[int, Sequence[int]] = field(default_factory=dict)  # the prompt's block hashes per block size
     cached: Mapping[str, int] = field(default_factory=dict)            # per worker: overlap the KV index shows
+    session: str = ""                                                   # whose turn it is (footprints)
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,12 @@ class InFlight:
         self._pending = pending
         load.requests += 1
         load.active_blocks += blocks
-        load.prefill_blocks += prefill_blocks
+        load.add_prefill(prefill_blocks)
         self._done = False
 
     def prefill_done(self) -> None:
         """The worker sent its first frame: this request no longer adds prefill work."""
-        self._load.prefill_blocks -= self._prefill
+        self._load.end_prefill(self._prefill)
         self._prefill = 0
         if self._pending is not None:
             self._pending[0].prefill_done(self._pending[1])
@@ -71,7 +73,8 @@ class InFlight:
             self._pending[0].drop(self._pending[1])
         self._load.requests -= 1
         self._load.active_blocks -= self._blocks
-        self._load.prefill_blocks -= self._prefill
+        self._load.end_prefill(self._prefill)
+        self._prefill = 0
 
 
 class Router:
@@ -82,14 +85,18 @@ class Router:
         saturation: Saturation | None = None,
         hash_cache_tokens: int = 1 << 21,
         pending: PendingPrefixes | None = None,
+        footprints: SessionFootprints | None = None,
     ) -> None:
         """``hash_cache_tokens``: prompt tokens whose block hashes are kept per block size, so that an agent's
         next turn hashes only its new blocks (:class:`PrefixHashCache`; 4 bytes a token; 0: off).
 
         ``pending``: the pending-prefix index (``pending.py``): requests placed here count for placement
-        before their KV events arrive (None: off)."""
+        before their KV events arrive (None: off).
+
+        ``footprints``: the sessions' live footprints (``footprint.py``), counted by ``kv`` placement (None: off)."""
         self.index = index
         self.pending = pending
+        self.footprints = footprints
         self.registry = registry
         self.policy = policy
         self.saturation = saturation or Saturation()
@@ -106,18 +113,21 @@ class Router:
         return self.registry.heartbeat(endpoint)
 
     def forget(self, worker_id: str) -> WorkerEndpoint | None:
-        self.index.remove_worker(worker_id)
-        if self.pending is not None:
-            self.pending.remove_worker(worker_id)
+        self._worker_left(worker_id)
         return self.registry.remove(worker_id)
 
     def expire(self) -> list[WorkerEndpoint]:
         gone = self.registry.expire()
         for ep in gone:
-            self.index.remove_worker(ep.worker_id)
-            if self.pending is not None:
-                self.pending.remove_worker(ep.worker_id)
+            self._worker_left(ep.worker_id)
         return gone
+
+    def _worker_left(self, worker_id: str) -> None:
+        self.index.remove_worker(worker_id)
+        if self.pending is not None:
+            self.pending.remove_worker(worker_id)
+        if self.footprints is not None:
+            self.footprints.remove_worker(worker_id)
 
     def overdue(self, fraction: float = 1.0) -> list[WorkerEndpoint]:
         """Workers whose heartbeat is late (see :meth:`WorkerRegistry.overdue`)."""
@@ -132,6 +142,7 @@ class Router:
         osl: int = 0,
         prefer: str = "",
         hashes: Mapping[int, Sequence[int]] | None = None,
+        session: str = "",
     ) -> Placement:
         """Rank every live worker for a prompt; ``prefer`` (if live) goes first whatever its cost.
 
@@ -140,6 +151,8 @@ class Router:
         ``hashes``: the prompt's sequence hashes (with ``cache_salt``) per block size, when the caller has
         them already (the simulator hands the same list to the worker's engine core); other block sizes
         are hashed here.
+
+        ``session``: the session (and trajectory) the request belongs to, for the live footprints ("": none).
         """
         endpoints = [ep for ep in self.registry.endpoints() if ep.worker_id not in exclude]
         if not endpoints:
@@ -175,10 +188,12 @@ class Router:
             request_blocks = max(request_blocks, blocks_for(count, block_size))
             decode_blocks = max(decode_blocks, blocks_for(max(osl, 0), block_size))
         loads = {wid: self.registry.load(wid) for wid in overlaps}
-        ranked = self.policy.rank(request_blocks, overlaps, loads, decode_blocks, predicted, shared)
+        live = self.footprints.live(session) if self.footprints is not None and self.policy.mode == "kv" else None
+        ranked = self.policy.rank(request_blocks, overlaps, loads, decode_blocks, predicted, shared,
+                                  {ep.worker_id: ep for ep in endpoints}, live)
         if prefer:
             ranked.sort(key=lambda c: c.worker_id != prefer)
-        return Placement(ranked, request_blocks, decode_blocks, prompt_hashes, cached)
+        return Placement(ranked, request_blocks, decode_blocks, prompt_hashes, cached, session)
 
     def _hash_cache(self, block_size: int) -> PrefixHashCache:
         cache = self._hash_caches.get(block_size)
@@ -197,6 +212,8 @@ class Router:
             if known:
                 entry = (self.pending, self.pending.add(worker_id, known, placement.cached.get(worker_id, 0),
                                                         candidate.overlap_blocks))
+        if self.footprints is not None and placement.session:
+            self.footprints.record(placement.session, worker_id, placement.request_blocks)
         return InFlight(self.registry.load(worker_id), placement.request_blocks + placement.decode_blocks,
                         candidate.new_blocks, entry)
 

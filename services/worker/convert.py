@@ -78,6 +78,7 @@ def worker_info_to_proto(info: EngineInfo, worker_id: str, grpc_address: str) ->
         total_blocks=info.total_blocks,
         model=info.model,
         engine=info.engine,
+        shortest_prefill_first=info.shortest_prefill_first,
     )
 
 

@@ -69,7 +69,7 @@ class CoreEngine:
 
     def info(self) -> EngineInfo:
         return EngineInfo(self.name, self.model.name, self.config.block_size, self.config.num_blocks,
-                          self.model.max_model_len)
+                          self.model.max_model_len, self.config.prefill_order == "shortest")
 
     def stats(self) -> EngineStats:
         s, blocks = self.core.scheduler, self.core.blocks

@@ -42,6 +42,7 @@ class EngineInfo:
     block_size: int
     total_blocks: int
     max_model_len: int
+    shortest_prefill_first: bool = False  # the scheduler's --prefill-order is shortest (the router counts its queue so)
 
 
 @dataclass(frozen=True)

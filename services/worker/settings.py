@@ -114,6 +114,10 @@ class WorkerSettings(MeshServiceSettings):
     max_tokens_default: int = option(_BATCHING.max_tokens_default, "max_tokens when a request leaves it at 0.")
     retention: bool = option(_BATCHING.retention, "Honour requests' KV retention hints (a session waiting on a "
                              "tool keeps its blocks ahead of finished turns; soft leases, docs/agent-kv.md).")
+    prefill_order: str = option(
+        _BATCHING.prefill_order, "Which prompts get an engine step's token budget first: shortest (fewest tokens left "
+        "to compute: an agent's next turn is not queued behind a cold long prompt) or fcfs (admission order); "
+        "mocker and torch engines.", choices=("shortest", "fcfs"))
     speedup: float = option(_TIMING.speedup, "Mocker: divide every simulated step time by this factor.")
     timing_model: str = option(
         "default", "Mocker: step-time model. default: the prefill_*/decode_* coefficients below; dynamo: NVIDIA "
