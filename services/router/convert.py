@@ -70,7 +70,16 @@ def proxy_request(request: worker_pb2.GenerateRequest, prompt: bytes) -> ProxyRe
         target_worker_id=request.target_worker_id,
         prefill_only=request.prefill_only,
         continued=request.continued_tokens,
+        session=session_key(request.identity),
     )
+
+
+def session_key(identity: common_pb2.Identity) -> str:
+    """Whose turn a request is, for the session footprints: session and trajectory (a sub-agent has its own);
+    "" for a request whose client named no session."""
+    if identity.anonymous or not identity.session_id:
+        return ""
+    return f"{identity.session_id}/{identity.trajectory_id}" if identity.trajectory_id else identity.session_id
 
 
 def worker_request(request: worker_pb2.GenerateRequest, attempt: AttemptRequest) -> worker_pb2.GenerateRequest:

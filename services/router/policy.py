@@ -2,7 +2,8 @@
 
 ``kv`` mode scores each worker (lower is better), in blocks::
 
-    cost = overlap_weight * (prefill ahead + new_blocks) + kv_held ** 2 / capacity + live_weight * live
+    cost = overlap_weight * (prefill ahead + new_blocks) + kv_held ** 2 / capacity
+           + live_weight * live * new_blocks / request_blocks
 
 * ``new_blocks``: the blocks of this prompt the worker does not hold (its prefill work; blocks the
   pending-prefix index predicts there count as held, ``pending.py``).
@@ -18,8 +19,11 @@
   sessions decoding on a worker, 2,400 blocks, then outweigh 240 blocks of prefill, and their neighbour's
   next turn leaves its cache for an idle worker to recompute 15,000 tokens.)
 * ``live``: the worker's live footprint, the prompt blocks of the other sessions whose last turn it served
-  in the last few minutes (``footprint.py``): where a new session's context goes when no worker holds it,
-  so long-lived sessions spread by the room they keep rather than by the requests in flight at the moment.
+  in the last few minutes (``footprint.py``), weighed by the share of the prompt the worker would compute:
+  a new session's context goes where live contexts leave the most room, so long-lived sessions spread by
+  the room they keep rather than by the requests in flight at the moment; a worker that holds the prompt
+  pays little of it (the session stays), one that lost half of it to eviction pays half (a crowded worker's
+  session may move to room).
 
 Without a capacity (a caller that gives no endpoints) the KV term is linear and no footprint counts.
 With ``temperature == 0`` the cheapest worker wins and ties go to the worker with fewer requests
@@ -53,10 +57,11 @@ MODES = ("kv", "round-robin", "random", "least-loaded")
 # the gain while load still counts for something when a hot prefix would pile requests on one worker.
 DEFAULT_OVERLAP_WEIGHT = 8.0
 
-# Cost of a block of another session's live context on the worker, relative to a block of KV held by a request
-# in flight at an empty worker (1) and a block of prefill (8). Swept on kv-cache-tester slices under KV
-# pressure (bench/agent_kv.py; docs/agent-kv.md): TODO figures.
-DEFAULT_LIVE_WEIGHT = 1.0
+# Cost of a block of another session's live context on a worker, for a prompt the worker would compute whole
+# (a block of prefill costs 8). kv-cache-tester slice at 12,288 blocks per worker (bench/agent_kv.py's, KV
+# pressure), TTFT mean: footprints off 131 ms; unscaled weight 0.5 / 1 / 1.5 / 2 / 4: 123 / 122 / 123 / 127 /
+# 131 ms; scaled by the share computed (as here) 1 / 2: 120 / 120 ms (reuse 0.941 / 0.943).
+DEFAULT_LIVE_WEIGHT = 2.0
 
 @dataclass(frozen=True)
 class Candidate:
@@ -112,8 +117,8 @@ class PlacementPolicy:
             held = load.active_blocks + request_blocks + decode_blocks
             kv = held * held / endpoint.total_blocks if endpoint is not None and endpoint.total_blocks > 0 else held
             cost = self.overlap_weight * (ahead + new) + kv
-            if live:
-                cost += self.live_weight * live.get(wid, 0)
+            if live and request_blocks:
+                cost += self.live_weight * live.get(wid, 0) * new / request_blocks
             candidates.append(Candidate(wid, overlap, new, cost, predicted.get(wid, 0) if predicted else 0))
         if not candidates:
             return []

@@ -143,7 +143,7 @@ class Proxy:
             while True:
                 placement = self.router.place(
                     progress.tokens_so_far(), request.cache_salt, frozenset(tried),
-                    osl=request.osl, prefer="" if tried else request.target_worker_id)
+                    osl=request.osl, prefer="" if tried else request.target_worker_id, session=request.session)
                 endpoint = self.router.registry.get(placement.candidates[0].worker_id) \
                     if placement.candidates else None
                 if endpoint is None:

@@ -30,6 +30,7 @@ from services.router.admission import AdmissionQueue
 from services.router.index import KvIndex
 from services.router.metrics import RouterMetrics
 from services.router.nats_consumer import WorkerEventsConsumer
+from services.router.footprint import SessionFootprints
 from services.router.pending import PendingPrefixes
 from services.router.policy import PlacementPolicy
 from services.router.proxy import Proxy, ProxyLimits
@@ -78,6 +79,7 @@ async def start_router(settings: RouterSettings, tracing: Tracing | None = None)
         PlacementPolicy(settings.router_mode, settings.overlap_weight, temperature=settings.router_temperature),
         Saturation(settings.queue_max_requests, settings.queue_threshold),
         pending=PendingPrefixes(settings.pending_prefix_ttl) if settings.pending_prefix_ttl > 0 else None,
+        footprints=SessionFootprints(settings.footprint_window) if settings.footprint_window > 0 else None,
     )
     channels = WorkerChannels(tracing, settings.tls())
     recoverer = KvRecoverer(index, registry, GrpcRecoverySource(channels))

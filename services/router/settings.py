@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from services.common import worker_registry as registry
 from services.common.service_settings import MeshServiceSettings
 from services.common.settings import option
+from services.router.footprint import DEFAULT_FOOTPRINT_WINDOW
 from services.router.pending import DEFAULT_PENDING_TTL
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
@@ -30,6 +31,9 @@ class RouterSettings(MeshServiceSettings):
         DEFAULT_PENDING_TTL, "Seconds after a request's first token that its prompt blocks still count as held by "
         "its worker when that worker's KV events have not said so yet (they count from placement on, so "
         "requests sharing a prefix sent together land together; 0: off, only KV events count).")
+    footprint_window: float = option(
+        DEFAULT_FOOTPRINT_WINDOW, "Seconds after a session's last turn that its prompt still counts as its worker's "
+        "live footprint: kv placement sends new sessions where live contexts leave the most KV room (0: off).")
     worker_timeout: float = option(5.0, "Seconds without a heartbeat after which a worker is forgotten.")
     registry_store: str = registry.store_option()
     registry_bucket: str = registry.bucket_option()
@@ -54,8 +58,8 @@ class RouterSettings(MeshServiceSettings):
             raise ValueError("--overlap-weight must be >= 0")
         if self.router_temperature < 0:
             raise ValueError("--router-temperature must be >= 0")
-        if self.pending_prefix_ttl < 0:
-            raise ValueError("--pending-prefix-ttl must be >= 0")
+        if self.pending_prefix_ttl < 0 or self.footprint_window < 0:
+            raise ValueError("--pending-prefix-ttl and --footprint-window must be >= 0")
         if self.worker_timeout <= 0:
             raise ValueError("--worker-timeout must be > 0")
         if self.max_retries < 0:

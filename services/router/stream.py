@@ -29,6 +29,7 @@ class ProxyRequest:
     target_worker_id: str = ""      # run there if it is live (first attempt only)
     prefill_only: bool = False      # compute the prompt's KV, stream no tokens
     continued: int = 0              # the request is itself a continuation of this many generated tokens
+    session: str = ""               # session/trajectory (``convert.session_key``) for the session footprints
 
 
 @dataclass(frozen=True)
