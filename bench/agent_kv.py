@@ -1,17 +1,20 @@
 """Real coding-agent traces: harnessmesh's replay vs. Dynamo 1.6.1's, side by side in one run (issue 35).
 
-    python bench/agent_kv.py [--source .bench/kvct] [--trace SLICE.jsonl] [--sessions 150] [--rounds 1]
-                             [--kv 16384,12288] [--dynamo-weights 8,1] [--json [FILE]]
+    python bench/agent_kv.py [--source .bench/kvct] [--trace SLICE.jsonl] [--sessions 150] [--seeds 0]
+                             [--rounds 1] [--kv 16384,12288] [--dynamo-weights 8,1] [--json [FILE]]
 
 ``--source``: a directory of kv-cache-tester traces (``fetch`` github:callanjfox/kv-cache-tester and copy
 its ``traces/`` there); the slice is built with ``bench/agent_trace.py`` (``--sessions`` conversations,
-starts spread over 30 min, one hour, idle gaps capped at 5 min, seed 0) unless ``--trace`` names one.
-Each KV size (blocks per worker; 8 workers x 64-token blocks, 256 seqs, 8,192 batched tokens) runs, in
-each round, in turn: harnessmesh's replay with its defaults (kv router, overlap weight 8, pending-prefix
-TTL 3 s), harnessmesh with the pending-prefix index off (info), and Dynamo's ``run_trace_replay`` with the
-kv router at each ``--dynamo-weights`` overlap weight (the first is the one judged: 8, as ours; Dynamo's own
-default is 1). Each replay is a whole process timed from outside. Figures: prefix reuse, TTFT mean and p99
-(simulated ms), replay wall seconds (median over rounds); ratios harnessmesh / Dynamo.
+starts spread over 30 min, one hour, idle gaps capped at 5 min; one slice per ``--seeds`` seed) unless
+``--trace`` names one. Each KV size (blocks per worker; 8 workers x 64-token blocks, 256 seqs, 8,192 batched
+tokens) runs, in each round, in turn: harnessmesh's replay with its defaults (kv router at overlap weight 8,
+session footprints, pending-prefix TTL 3 s; shortest-first prefill; retention on), harnessmesh with prefill
+in admission order and no footprints (``fcfs``, info: the router and engine as Dynamo's), and Dynamo's
+``run_trace_replay`` with the kv router at each ``--dynamo-weights`` overlap weight (the first is the one
+judged: 8, as ours; Dynamo's own default is 1). Each replay is a whole process timed from outside. Figures:
+prefix reuse, TTFT mean and p99 (simulated ms), replay wall seconds (median over rounds); ratios
+harnessmesh / Dynamo. Each KV size's line also gives the concurrently active conversations' contexts as a
+share of the fleet's KV (``agent_trace.active_context_tokens``; the issue's "KV pressure" is ~80 %).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.agent_trace import build_slice, describe, trace_files, write_jsonl
+from bench.agent_trace import active_context_tokens, build_slice, describe, trace_files, write_jsonl
 from bench.dynamo_peer.replay import ReplayConfig, Timed, _timed, compile_repo, run_dynamo_replay
 from bench.dynamo_peer.venv import DEFAULT_VENV, ensure_dynamo_venv
 
@@ -40,14 +43,12 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def ours(trace: Path, cfg: ReplayConfig, pending_ttl: float | None) -> tuple[Timed, dict[str, Any]]:
+def ours(trace: Path, cfg: ReplayConfig, extra: tuple[str, ...] = ()) -> tuple[Timed, dict[str, Any]]:
     compile_repo()
     argv = [sys.executable, "-m", "services.launcher", "replay", str(trace), "--workers", str(cfg.workers),
             "--router", "kv", "--block-size", str(cfg.block_size), "--num-blocks", str(cfg.num_blocks),
             "--max-num-seqs", str(cfg.max_num_seqs), "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
-            "--json"]
-    if pending_ttl is not None:
-        argv += ["--pending-prefix-ttl", str(pending_ttl)]
+            "--json", *extra]
     done = _timed(argv)
     out = json.loads(done.stdout.strip().splitlines()[-1])
     return done, {"reuse": out["prefix_reuse"], "ttft_mean": out["ttft_ms"]["mean"],
@@ -60,15 +61,20 @@ def dynamo(python: Path, trace: Path, cfg: ReplayConfig) -> tuple[Timed, dict[st
                   "ttft_p99": summary["p99_ttft_ms"], "requests": summary["completed_requests"]}
 
 
-def build_trace(args: argparse.Namespace, tmp: Path) -> tuple[Path, dict[str, Any]]:
+WINDOW = 1800.0
+FCFS = ("--prefill-order", "fcfs", "--footprint-window", "0")  # the engine's and router's order before issue 35
+
+
+def build_trace(args: argparse.Namespace, tmp: Path, seed: int) -> tuple[Path, dict[str, Any]]:
     if args.trace:
         lines = [json.loads(line) for line in Path(args.trace).read_text().splitlines() if line.strip()]
-        return Path(args.trace), describe(lines)
-    lines = build_slice(trace_files(Path(args.source)), sessions=args.sessions, window=1800.0, horizon=3600.0,
-                        max_gap=300.0, max_context=128_000, seed=args.seed)
-    path = tmp / "agent_slice.jsonl"
-    write_jsonl(lines, path)
-    return path, describe(lines)
+        path = Path(args.trace)
+    else:
+        lines = build_slice(trace_files(Path(args.source)), sessions=args.sessions, window=WINDOW, horizon=3600.0,
+                            max_gap=300.0, max_context=128_000, seed=seed)
+        path = tmp / f"agent_slice_{seed}.jsonl"
+        write_jsonl(lines, path)
+    return path, describe(lines) | {"seed": seed, "active_context_tokens": round(active_context_tokens(lines, WINDOW))}
 
 
 def run(args: argparse.Namespace, python: Path, trace: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
@@ -79,8 +85,9 @@ def run(args: argparse.Namespace, python: Path, trace: Path) -> dict[str, dict[s
     for rnd in range(args.rounds):
         for label, blocks in sizes.items():
             cfg = replace(base, num_blocks=blocks)
-            runs: list[tuple[str, Any]] = [("harnessmesh", lambda c=cfg: ours(trace, c, None)),
-                                           ("harnessmesh (pending off)", lambda c=cfg: ours(trace, c, 0.0))]
+            runs: list[tuple[str, Any]] = [
+                ("harnessmesh", lambda c=cfg: ours(trace, c)),
+                ("harnessmesh (fcfs)", lambda c=cfg: ours(trace, c, FCFS))]
             runs += [(f"dynamo (weight {w:g})", lambda c=cfg, w=w: dynamo(python, trace, replace(c, overlap_weight=w)))
                      for w in weights]
             for name, call in runs:
@@ -124,7 +131,7 @@ def main() -> int:
     ap.add_argument("--source", default=str(ROOT / ".bench" / "kvct"))
     ap.add_argument("--trace", default="")
     ap.add_argument("--sessions", type=int, default=150)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0", help="one slice per seed, comma-separated")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--kv", default="16384,12288", help="blocks per worker: comfortable,pressure")
     ap.add_argument("--dynamo-weights", default="8,1")
@@ -132,15 +139,25 @@ def main() -> int:
     ap.add_argument("--json", nargs="?", const="-", default=None)
     args = ap.parse_args()
     python = ensure_dynamo_venv(args.dynamo_venv, log)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace, info = build_trace(args, Path(tmp))
-        log(f"slice: {info}")
-        results = run(args, python, trace)
     judged = f"dynamo (weight {float(args.dynamo_weights.split(',')[0]):g})"
-    text, verdicts = report(results, judged)
-    print(text)
+    slices = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            trace, info = build_trace(args, Path(tmp), seed)
+            log(f"slice: {info}")
+            results = run(args, python, trace)
+            text, verdicts = report(results, judged)
+            fleet = {label: 8 * int(blocks) * 64 for label, blocks in zip(("comfortable", "pressure"),
+                                                                           args.kv.split(","), strict=False)}
+            active = info["active_context_tokens"]
+            shares = ", ".join(f"{label} {active / tokens:.0%}" for label, tokens in fleet.items())
+            print(f"slice seed {seed}: {info['requests']} requests, {info['sessions']} sessions, ideal reuse "
+                  f"{info['ideal_reuse']}; active contexts / fleet KV: {shares}\n{text}\n", flush=True)
+            slices.append({"slice": info, "results": results, "verdicts": verdicts})
+            if args.trace:
+                break
     if args.json is not None:
-        blob = json.dumps({"slice": info, "judged_against": judged, "results": results, "verdicts": verdicts}, indent=1)
+        blob = json.dumps({"judged_against": judged, "slices": slices}, indent=1)
         print(blob) if args.json == "-" else Path(args.json).write_text(blob)
     return 0
 

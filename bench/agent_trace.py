@@ -148,6 +148,29 @@ def describe(lines: list[dict[str, object]]) -> dict[str, object]:
             "stops": stops, "ideal_reuse": round(hit / total, 4) if total else 0.0}
 
 
+def active_context_tokens(lines: list[dict[str, object]], window: float, step: float = 10.0) -> float:
+    """The concurrently active conversations' contexts, in tokens, averaged over the slice once every
+    conversation has started (from ``window`` seconds on): a conversation is active from each request until its
+    next one (its last: for a minute) with the context of that request (prompt plus output); sub-agents count
+    in their parent's (they run inside its turn)."""
+    by_conv: dict[str, list[tuple[float, int]]] = {}
+    for line in lines:
+        conv = str(line["session"]).split("/")[0]
+        by_conv.setdefault(conv, []).append((float(line["timestamp"]) / 1000.0,  # type: ignore[arg-type]
+                                             int(line["input_length"]) + int(line["output_length"])))  # type: ignore[call-overload]
+    end = max((t for reqs in by_conv.values() for t, _ in reqs), default=0.0)
+    ticks = [window + i * step for i in range(int(max(end - window, 0.0) // step) + 1)]
+    totals = [0.0] * len(ticks)
+    for reqs in by_conv.values():
+        reqs.sort()
+        for i, (t, context) in enumerate(reqs):
+            until = reqs[i + 1][0] if i + 1 < len(reqs) else t + 60.0
+            for k, tick in enumerate(ticks):
+                if t <= tick < until:
+                    totals[k] += context
+    return sum(totals) / len(totals) if totals else 0.0
+
+
 def trace_files(source: Path) -> list[Path]:
     """The kv-cache-tester trace files under ``source`` (or in its ``traces/``)."""
     found = sorted(source.glob("trace_*.json")) or sorted((source / "traces").glob("trace_*.json"))

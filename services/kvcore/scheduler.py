@@ -132,7 +132,8 @@ class Scheduler:
         if not prefills or (len(prefills) == 1 and waiting is None):
             return None
         budget = self.max_num_batched_tokens - (len(running) - len(prefills))
-        remaining = [(len(req.all_tokens) - req.seq.length, req.order, req) for req in prefills]
+        remaining: list[tuple[int, float, CoreRequest]] = [
+            (len(req.all_tokens) - req.seq.length, req.order, req) for req in prefills]
         if waiting is not None:
             matched, _ = self.blocks.probe_prefix(waiting.seq, waiting.all_tokens)
             remaining.append((len(waiting.all_tokens) - matched * self.blocks.block_size, _WAITING, waiting))

@@ -90,6 +90,7 @@ class LiveMesh:
                 **quiet, "engine": "mocker", "model": str(model), "block_size": c.worker.block_size,
                 "num_blocks": c.worker.num_blocks, "max_num_seqs": c.worker.max_num_seqs,
                 "max_num_batched_tokens": c.worker.max_num_batched_tokens, "timing_model": "dynamo",
+                "prefill_order": c.worker.prefill_order,
                 "speedup": c.compression, "heartbeat_interval": 0.5})
         self.router_address = backend.router.grpc_address
         return self.router_address

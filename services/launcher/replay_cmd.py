@@ -61,7 +61,8 @@ def run(ns: argparse.Namespace) -> int:
     for mode in s.modes:
         config = ReplayConfig(workers=s.workers, mode=mode, worker=worker, overlap_weight=s.overlap_weight,
                               temperature=s.router_temperature, speedup=s.speedup,
-                              pending_prefix_ttl=s.pending_prefix_ttl, retention=s.retention)
+                              pending_prefix_ttl=s.pending_prefix_ttl, retention=s.retention,
+                              footprint_window=s.footprint_window)
         _print(mode, replay(trace, config), s.json)
     return 0
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.common.settings import option
 from services.replay.sim_worker import SimWorkerConfig
+from services.router.footprint import DEFAULT_FOOTPRINT_WINDOW
 from services.router.pending import DEFAULT_PENDING_TTL
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, MODES
 
@@ -29,6 +30,9 @@ class ReplaySettings:
     pending_prefix_ttl: float = option(DEFAULT_PENDING_TTL, "kv: simulated seconds a placement still counts as its "
                                        "worker's prefix after its first token, as the router's --pending-prefix-ttl "
                                        "(0: off).")
+    footprint_window: float = option(DEFAULT_FOOTPRINT_WINDOW, "kv: simulated seconds a session's last prompt "
+                                     "counts as its worker's live footprint, as the router's --footprint-window "
+                                     "(0: off).")
     retention: bool = option(True, "Simulated workers keep a session's KV through its tool wait (agent traces: a "
                                    "turn that ended in a tool call is leased, a finished sub-agent goes first; "
                                    "traces without stop reasons are unaffected).")
@@ -55,7 +59,7 @@ class ReplaySettings:
         unknown = [m for m in self.modes if m not in MODES]
         if unknown or not self.modes:
             raise ValueError(f"unknown routing mode(s) {unknown}; valid modes: {', '.join(MODES)}")
-        if self.pending_prefix_ttl < 0:
-            raise ValueError("--pending-prefix-ttl must be >= 0")
+        if self.pending_prefix_ttl < 0 or self.footprint_window < 0:
+            raise ValueError("--pending-prefix-ttl and --footprint-window must be >= 0")
         if self.speedup <= 0 or self.workers < 1 or self.compression <= 0:
             raise ValueError("--speedup and --compression must be > 0 and --workers >= 1")

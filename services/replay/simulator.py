@@ -25,8 +25,8 @@ from services.replay.agent import AgentRetention
 from services.replay.metrics import ReplayResult, RequestRecord, summarise
 from services.replay.sim_worker import SimWorker, SimWorkerConfig
 from services.replay.trace import TracePrompts, TraceRequest
-from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, StoredEvent
 from services.router.footprint import DEFAULT_FOOTPRINT_WINDOW, SessionFootprints
+from services.router.index import ClearedEvent, KvEvent, KvIndex, RemovedEvent, StoredEvent
 from services.router.pending import DEFAULT_PENDING_TTL, PendingPrefixes
 from services.router.policy import DEFAULT_OVERLAP_WEIGHT, PlacementPolicy
 from services.router.registry import WorkerEndpoint, WorkerRegistry

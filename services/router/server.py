@@ -27,10 +27,10 @@ from services.common.nats_util import close_nats, connect_nats
 from services.common.tracing import Tracing
 from services.common.worker_registry import read_records, registry_bucket
 from services.router.admission import AdmissionQueue
+from services.router.footprint import SessionFootprints
 from services.router.index import KvIndex
 from services.router.metrics import RouterMetrics
 from services.router.nats_consumer import WorkerEventsConsumer
-from services.router.footprint import SessionFootprints
 from services.router.pending import PendingPrefixes
 from services.router.policy import PlacementPolicy
 from services.router.proxy import Proxy, ProxyLimits

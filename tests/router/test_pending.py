@@ -186,7 +186,9 @@ def test_a_large_group_spreads_once_its_kv_outweighs_the_prefill_it_saves() -> N
     router = make_router()
     placed = [place_and_begin(router, sibling(581, 44, k))[0] for k in range(16)]
     counts = sorted((placed.count(w) for w in set(placed)), reverse=True)
-    assert counts == [5, 5, 5, 1], counts   # 581 shared + 44 own blocks at weight 8 (the router README)
+    # 581 shared + 44 own blocks at weight 8, on 16,384-block workers (the router README): the KV term grows with
+    # the square of the share of capacity held, so eight siblings (5,000 blocks counted) fit before it spreads
+    assert counts == [8, 8], counts
 
 
 def test_a_failed_first_sibling_no_longer_attracts_the_others() -> None:
