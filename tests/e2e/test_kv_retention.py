@@ -71,21 +71,28 @@ def _marked_blocks(metrics: str) -> float:
     return 0.0
 
 
+# A sub-agent (it names its parent) that answers, and a session whose client closes it with its turn (Dynamo's
+# header): either way the turn's blocks will not be read again.
+DONE = {"sub-agent": {"x-session-id": "parent", "x-trajectory-id": "agent-1", "x-parent-trajectory-id": "parent"},
+        "closed session": {"x-session-id": "closing", "x-dynamo-session-final": "true"}}
+
+
+@pytest.mark.parametrize("done_by", list(DONE))
 @pytest.mark.parametrize("retention", [True, False])
-async def test_a_finished_sub_agents_blocks_go_before_an_older_answered_turns(tmp_path: Path, retention: bool) -> None:
+async def test_a_finished_sub_agents_or_closed_sessions_blocks_go_before_an_older_answered_turns(
+        tmp_path: Path, retention: bool, done_by: str) -> None:
     script = tmp_path / "script.jsonl"
     script.write_text(json.dumps({"match": "summarise", "completion": "Done: a short summary."}) + "\n")
     args = ["--workers", "1", "--speedup", "1000", "--script", str(script), "--tool-parser", "hermes",
             "--served-model-name", "demo", "--block-size", "16", "--num-blocks", "96",
             "--retention" if retention else "--no-retention"]
-    sub_agent = {"x-session-id": "parent", "x-trajectory-id": "agent-1", "x-parent-trajectory-id": "parent"}
     with running_mesh(args, tmp_path / "mesh.log") as mesh:
         async with httpx.AsyncClient(timeout=60) as http:
             older = [{"role": "user", "content": f"{filler(1)}\nsummarise"}]
             first = await chat(http, mesh.http, older, {"x-session-id": "main-a"})      # an answer: plain LRU
             prompt = first["usage"]["prompt_tokens"]
-            done = await chat(http, mesh.http, [{"role": "user", "content": f"{filler(2)}\nsummarise"}], sub_agent)
-            assert done["choices"][0]["finish_reason"] == "stop"                      # the sub-agent answered
+            done = await chat(http, mesh.http, [{"role": "user", "content": f"{filler(2)}\nsummarise"}], DONE[done_by])
+            assert done["choices"][0]["finish_reason"] == "stop"                      # it answered
             # another session's turn needs more blocks than are free: ~25 of the ~80 cached must go
             await chat(http, mesh.http, [{"role": "user", "content": f"{filler(3, 80)}\nsummarise"}],
                        {"x-session-id": "main-c"})
@@ -93,7 +100,7 @@ async def test_a_finished_sub_agents_blocks_go_before_an_older_answered_turns(tm
             (worker,) = [url for name, url in mesh.metrics.items() if name.startswith("worker-")]
             marked = _marked_blocks((await http.get(worker)).text)
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
-    if retention:  # the sub-agent's blocks went first: the older answered turn is whole
+    if retention:  # the finished turn's blocks went first: the older answered turn is whole
         assert cached >= 0.9 * prompt and marked > 0, (cached, prompt, marked)
     else:          # plain LRU: the older turn's tail went
         assert cached < 0.7 * prompt and marked == 0, (cached, prompt, marked)
