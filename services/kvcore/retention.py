@@ -146,11 +146,8 @@ class Retention:
 
     def retain(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> None:
         """A sequence holding ``hashes`` ended: lease them for ``hold_s`` seconds (``strong``: a tool wait), or
-        mark them ``first`` (but those another sequence's live lease holds: that session comes back)."""
+        mark them ``first``."""
         stats = self.stats
-        if first and self.leases:
-            now, leases = self.clock(), self.leases
-            hashes = [h for h in hashes if leases.get(h, -math.inf) <= now]
         if first or not strong:
             deque(map(self.strong.pop, hashes, repeat(None)), maxlen=0)
         if first:

@@ -176,29 +176,6 @@ def test_a_sub_agents_answer_marks_its_blocks_but_its_tool_call_leases_them() ->
     assert RetentionHint(first=True).first_for([4098])
 
 
-def test_marking_first_spares_blocks_another_sessions_live_lease_holds() -> None:
-    clock = Clock()
-    bm = BlockManager(24, BS, clock=clock)
-    head = list(range(4 * BS))
-    sub, waiting = KvSequence(), KvSequence()
-    assert bm.acquire_prefix(sub, head) == 0 and bm.append(sub, [*head, *range(90_000, 90_000 + 4 * BS)])
-    own = sub.hashes[4:]
-    mine = [*head, *range(50_000, 50_000 + 4 * BS)]
-    assert bm.acquire_prefix(waiting, mine) == 4 * BS and bm.append(waiting, mine[4 * BS:])
-    leased = list(waiting.hashes)
-    bm.free(waiting, hold_s=30.0, strong=True)  # another session's turn ends in a tool call, sharing the head
-    bm.free(sub, first=True)                     # then the sub-agent answers
-    assert list(bm.retention.first) == own and bm.retention.stats.marked_blocks == 4
-    run(bm, 20_000, 8)                           # 12 of 24 blocks free: nothing evicted yet
-    run(bm, 30_000, 8)                           # 4 evicted: the sub-agent's own, not the waiting session's
-    assert cached(bm, own) == 0 and cached(bm, leased) == 8
-    clock.now = 31.0                             # once the lease ended, a mark takes the head too
-    seq, again = KvSequence(), [*head, *range(70_000, 70_000 + BS)]
-    assert bm.acquire_prefix(seq, again) == 4 * BS and bm.append(seq, again[4 * BS:])
-    bm.free(seq, first=True)
-    assert set(leased[:4]) <= set(bm.retention.first)
-
-
 def test_marking_first_spares_blocks_a_running_request_still_holds() -> None:
     bm = BlockManager(24, BS, clock=Clock())
     tokens = list(range(8 * BS))
