@@ -42,15 +42,25 @@ def _header_bool(headers: Mapping[str, str], name: str) -> bool | None:
 
 def identity_and_hints(
     headers: Mapping[str, str], context: AgentContext | None, hints: AgentHints | None, *,
-    user_id: str | None = None, prompt_cache_key: str | None = None,
+    user_id: str | None = None, prompt_cache_key: str | None = None, closes_session: bool = False,
 ) -> tuple[common_pb2.Identity, common_pb2.AgentHints]:
-    """Identity by ``gateway.identity``'s precedence; ``nvext.agent_hints`` win over the ``x-harnessmesh-*`` headers."""
+    """Identity by ``gateway.identity``'s precedence; ``nvext.agent_hints`` win over the ``x-harnessmesh-*`` headers.
+    The request closes its session (``hints.session_final``: its KV blocks go first, docs/agent-kv.md) when the
+    body says so (``closes_session``: ``nvext.session_control.action`` ``"close"``, ``nvext.agent_context.
+    session_final``) or Dynamo's ``X-Dynamo-Session-Final: true`` header does."""
     identity = resolve_identity(headers, context, user_id=user_id, prompt_cache_key=prompt_cache_key)
     priority = _hint(hints, headers, "priority")
     osl = _hint(hints, headers, "osl")
     spec = hints.speculative_prefill if hints is not None and hints.speculative_prefill is not None else \
         _header_bool(headers, "x-harnessmesh-speculative-prefill")
-    return identity, common_pb2.AgentHints(priority=priority or 0, osl=osl or 0, speculative_prefill=bool(spec))
+    final = closes_session or header_closes_session(headers)
+    return identity, common_pb2.AgentHints(priority=priority or 0, osl=osl or 0, speculative_prefill=bool(spec),
+                                           session_final=final)
+
+
+def header_closes_session(headers: Mapping[str, str]) -> bool:
+    """Dynamo's ``X-Dynamo-Session-Final: true``: the client's last request of its session."""
+    return bool(_header_bool(headers, "x-dynamo-session-final"))
 
 
 def _hint(hints: AgentHints | None, headers: Mapping[str, str], name: str) -> int | None:

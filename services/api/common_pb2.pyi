@@ -147,6 +147,7 @@ class AgentHints(_message.Message):
     OSL_FIELD_NUMBER: _builtins.int
     SPECULATIVE_PREFILL_FIELD_NUMBER: _builtins.int
     CACHE_TTL_S_FIELD_NUMBER: _builtins.int
+    SESSION_FINAL_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """higher runs first when workers are saturated"""
     osl: _builtins.int
@@ -155,6 +156,10 @@ class AgentHints(_message.Message):
     """prefill the prompt now; the real turn follows"""
     cache_ttl_s: _builtins.float
     """the client asked for the prompt to be cached this long (Anthropic cache_control)"""
+    session_final: _builtins.bool
+    """The client closes its session with this request (X-Dynamo-Session-Final, nvext.agent_context.session_final,
+    nvext.session_control.action "close"): the request's KV blocks go first once it ends.
+    """
     def __init__(
         self,
         *,
@@ -162,10 +167,11 @@ class AgentHints(_message.Message):
         osl: _builtins.int = ...,
         speculative_prefill: _builtins.bool = ...,
         cache_ttl_s: _builtins.float = ...,
+        session_final: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_ttl_s", b"cache_ttl_s", "osl", b"osl", "priority", b"priority", "speculative_prefill", b"speculative_prefill"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_ttl_s", b"cache_ttl_s", "osl", b"osl", "priority", b"priority", "session_final", b"session_final", "speculative_prefill", b"speculative_prefill"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

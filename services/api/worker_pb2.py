@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services.api import common_pb2 as services_dot_api_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/api/worker.proto\x12\x0eharnessmesh.v1\x1a\x19services/api/common.proto\"\xd9\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rtoken_ids_u32\x18\x0c \x01(\x0c\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.harnessmesh.v1.SamplingParams\x12*\n\x08identity\x18\x04 \x01(\x0b\x32\x18.harnessmesh.v1.Identity\x12)\n\x05hints\x18\x05 \x01(\x0b\x32\x1a.harnessmesh.v1.AgentHints\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nmatch_text\x18\x07 \x01(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x12\n\ncache_salt\x18\t \x01(\t\x12\x14\n\x0cprefill_only\x18\n \x01(\x08\x12\x18\n\x10target_worker_id\x18\x0b \x01(\t\x12/\n\x0bprompt_base\x18\r \x01(\x0b\x32\x1a.harnessmesh.v1.PromptBase\x12\x12\n\nprompt_key\x18\x0e \x01(\t\x12\x18\n\x10\x63ontinued_tokens\x18\x0f \x01(\r\x12.\n\tretention\x18\x10 \x01(\x0b\x32\x1b.harnessmesh.v1.KvRetentionJ\x04\x08\x02\x10\x03\"L\n\x0bKvRetention\x12\x0e\n\x06hold_s\x18\x01 \x01(\x02\x12\x13\n\x0b\x65vict_first\x18\x02 \x01(\x08\x12\x18\n\x10tool_call_hold_s\x18\x03 \x01(\x02\"9\n\nPromptBase\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x06\"M\n\nPromptInfo\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x15\n\rcached_tokens\x18\x02 \x01(\x05\x12\x11\n\tworker_id\x18\x03 \x01(\t\"\xe7\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12*\n\x06prompt\x18\x02 \x01(\x0b\x32\x1a.harnessmesh.v1.PromptInfo\x12\x33\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1c.harnessmesh.v1.FinishReason\x12$\n\x05usage\x18\x04 \x01(\x0b\x32\x15.harnessmesh.v1.Usage\x12$\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x15.harnessmesh.v1.Error\x12\x13\n\x0bstop_string\x18\x06 \x01(\t\"\x9e\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\x05\x12\x14\n\x0ctotal_blocks\x18\x04 \x01(\x05\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\x12\x1e\n\x16shortest_prefill_first\x18\x07 \x01(\x08\"\x13\n\x11WorkerInfoRequest2\xa0\x01\n\x06Worker\x12O\n\x08Generate\x12\x1f.harnessmesh.v1.GenerateRequest\x1a .harnessmesh.v1.GenerateResponse0\x01\x12\x45\n\x04Info\x12!.harnessmesh.v1.WorkerInfoRequest\x1a\x1a.harnessmesh.v1.WorkerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19services/api/worker.proto\x12\x0eharnessmesh.v1\x1a\x19services/api/common.proto\"\xd9\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rtoken_ids_u32\x18\x0c \x01(\x0c\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.harnessmesh.v1.SamplingParams\x12*\n\x08identity\x18\x04 \x01(\x0b\x32\x18.harnessmesh.v1.Identity\x12)\n\x05hints\x18\x05 \x01(\x0b\x32\x1a.harnessmesh.v1.AgentHints\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nmatch_text\x18\x07 \x01(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\r\x12\x12\n\ncache_salt\x18\t \x01(\t\x12\x14\n\x0cprefill_only\x18\n \x01(\x08\x12\x18\n\x10target_worker_id\x18\x0b \x01(\t\x12/\n\x0bprompt_base\x18\r \x01(\x0b\x32\x1a.harnessmesh.v1.PromptBase\x12\x12\n\nprompt_key\x18\x0e \x01(\t\x12\x18\n\x10\x63ontinued_tokens\x18\x0f \x01(\r\x12.\n\tretention\x18\x10 \x01(\x0b\x32\x1b.harnessmesh.v1.KvRetentionJ\x04\x08\x02\x10\x03\"h\n\x0bKvRetention\x12\x0e\n\x06hold_s\x18\x01 \x01(\x02\x12\x13\n\x0b\x65vict_first\x18\x02 \x01(\x08\x12\x18\n\x10tool_call_hold_s\x18\x03 \x01(\x02\x12\x1a\n\x12\x61nswer_evict_first\x18\x04 \x01(\x08\"9\n\nPromptBase\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x06\"M\n\nPromptInfo\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x15\n\rcached_tokens\x18\x02 \x01(\x05\x12\x11\n\tworker_id\x18\x03 \x01(\t\"\xe7\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12*\n\x06prompt\x18\x02 \x01(\x0b\x32\x1a.harnessmesh.v1.PromptInfo\x12\x33\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1c.harnessmesh.v1.FinishReason\x12$\n\x05usage\x18\x04 \x01(\x0b\x32\x15.harnessmesh.v1.Usage\x12$\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x15.harnessmesh.v1.Error\x12\x13\n\x0bstop_string\x18\x06 \x01(\t\"\x9e\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\x05\x12\x14\n\x0ctotal_blocks\x18\x04 \x01(\x05\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\x12\x1e\n\x16shortest_prefill_first\x18\x07 \x01(\x08\"\x13\n\x11WorkerInfoRequest2\xa0\x01\n\x06Worker\x12O\n\x08Generate\x12\x1f.harnessmesh.v1.GenerateRequest\x1a .harnessmesh.v1.GenerateResponse0\x01\x12\x45\n\x04Info\x12!.harnessmesh.v1.WorkerInfoRequest\x1a\x1a.harnessmesh.v1.WorkerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=73
   _globals['_GENERATEREQUEST']._serialized_end=546
   _globals['_KVRETENTION']._serialized_start=548
-  _globals['_KVRETENTION']._serialized_end=624
-  _globals['_PROMPTBASE']._serialized_start=626
-  _globals['_PROMPTBASE']._serialized_end=683
-  _globals['_PROMPTINFO']._serialized_start=685
-  _globals['_PROMPTINFO']._serialized_end=762
-  _globals['_GENERATERESPONSE']._serialized_start=765
-  _globals['_GENERATERESPONSE']._serialized_end=996
-  _globals['_WORKERINFO']._serialized_start=999
-  _globals['_WORKERINFO']._serialized_end=1157
-  _globals['_WORKERINFOREQUEST']._serialized_start=1159
-  _globals['_WORKERINFOREQUEST']._serialized_end=1178
-  _globals['_WORKER']._serialized_start=1181
-  _globals['_WORKER']._serialized_end=1341
+  _globals['_KVRETENTION']._serialized_end=652
+  _globals['_PROMPTBASE']._serialized_start=654
+  _globals['_PROMPTBASE']._serialized_end=711
+  _globals['_PROMPTINFO']._serialized_start=713
+  _globals['_PROMPTINFO']._serialized_end=790
+  _globals['_GENERATERESPONSE']._serialized_start=793
+  _globals['_GENERATERESPONSE']._serialized_end=1024
+  _globals['_WORKERINFO']._serialized_start=1027
+  _globals['_WORKERINFO']._serialized_end=1185
+  _globals['_WORKERINFOREQUEST']._serialized_start=1187
+  _globals['_WORKERINFOREQUEST']._serialized_end=1206
+  _globals['_WORKER']._serialized_start=1209
+  _globals['_WORKER']._serialized_end=1369
 # @@protoc_insertion_point(module_scope)

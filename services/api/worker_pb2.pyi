@@ -126,6 +126,7 @@ class KvRetention(_message.Message):
     HOLD_S_FIELD_NUMBER: _builtins.int
     EVICT_FIRST_FIELD_NUMBER: _builtins.int
     TOOL_CALL_HOLD_S_FIELD_NUMBER: _builtins.int
+    ANSWER_EVICT_FIRST_FIELD_NUMBER: _builtins.int
     hold_s: _builtins.float
     """lease the blocks this long (the session's next turn is expected soon)"""
     evict_first: _builtins.bool
@@ -134,16 +135,21 @@ class KvRetention(_message.Message):
     """Lease them this long if the turn ends in a tool call (its output holds the model's tool-call marker):
     the harness runs the tool and sends the next turn, the same prompt plus the call and its result.
     """
+    answer_evict_first: _builtins.bool
+    """Evict them first if the turn ends with an answer (no tool-call marker): a sub-agent that answered its
+    parent is done, and its blocks will not be read again.
+    """
     def __init__(
         self,
         *,
         hold_s: _builtins.float = ...,
         evict_first: _builtins.bool = ...,
         tool_call_hold_s: _builtins.float = ...,
+        answer_evict_first: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evict_first", b"evict_first", "hold_s", b"hold_s", "tool_call_hold_s", b"tool_call_hold_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_evict_first", b"answer_evict_first", "evict_first", b"evict_first", "hold_s", b"hold_s", "tool_call_hold_s", b"tool_call_hold_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -380,15 +380,16 @@ class BlockManager:
 
     def free(self, seq: KvSequence, hold_s: float = 0.0, first: bool = False, strong: bool = False) -> None:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order); ``hold_s`` > 0 leases
-        them for that many seconds (``strong``: a tool wait), ``first`` marks them to go first (``retention.py``)."""
+        them for that many seconds (``strong``: a tool wait), ``first`` marks those no other sequence holds to go
+        first (``retention.py``)."""
         shared, inactive = self._shared, self._inactive
         hashes = seq.hashes
-        if hashes and (hold_s > 0 or first):
-            self.retention.retain(hashes, hold_s, first, strong)
         # Blocks other sequences hold too lead (a block's holders hold its whole chain): a shared head, found
         # by looking up only its own blocks, then a rest with this holder alone, checked in one C pass.
         head = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
         rest = hashes[head:] if head else hashes
+        if hashes and (hold_s > 0 or first):
+            self.retention.retain(rest if first else hashes, hold_s, first, strong)
         if not shared or shared.keys().isdisjoint(rest):  # the usual case
             inactive.update(zip(reversed(rest), repeat(None)))  # into the LRU list tail first (none is in it)
             if head:  # those stay active with one holder less

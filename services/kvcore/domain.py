@@ -36,6 +36,7 @@ class EngineRequest:
     retention_hold_s: float = 0.0             # lease its KV blocks this long once it ends (kvcore/retention.py)
     retention_first: bool = False             # evict its KV blocks first once it ends
     retention_tool_call_hold_s: float = 0.0   # lease them this long if its output holds a tool-call marker
+    retention_answer_first: bool = False      # evict them first if its output holds none (a sub-agent's answer)
     # ``token_ids`` packed as little-endian u32 (``services.common.token_bytes``) when the caller has them (the
     # worker's gRPC request carries them so): hashed and seeded from as they are, sparing two copies of a
     # 100k-token prompt (~0.1 ms) before its first token. Empty: not given. Not part of equality.

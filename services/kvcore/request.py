@@ -163,9 +163,11 @@ class CoreRequest(OutputBuffer):
         self.order = 0                          # admission order, for preemption
         # how its blocks are kept once it ends (retention.py): the request's own hint, or the caller's (the replay)
         self.retention: RetentionHint | None = None
-        if request.retention_hold_s > 0 or request.retention_first or request.retention_tool_call_hold_s > 0:
+        if (request.retention_hold_s > 0 or request.retention_first or request.retention_tool_call_hold_s > 0
+                or request.retention_answer_first):
             self.retention = RetentionHint(request.retention_hold_s, request.retention_first,
-                                           request.retention_tool_call_hold_s, _tool_call_ids(tokenizer))
+                                           request.retention_tool_call_hold_s, _tool_call_ids(tokenizer),
+                                           answer_first=request.retention_answer_first)
 
     # -- scheduler side -------------------------------------------------------------------------
 

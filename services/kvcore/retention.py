@@ -27,19 +27,27 @@ class RetentionHint:
     """How a request's blocks are kept once it ends: leased for ``hold_s`` seconds (the client marked the prompt
     for caching), or for ``tool_call_hold_s`` when its output holds one of ``tool_call_ids`` (the turn ended in
     a tool call: the harness's next turn follows within its tool time), or evicted first (the agent will not
-    come back)."""
+    come back), or evicted first if it ends with an answer (``answer_first``: a sub-agent that answered its
+    parent is done)."""
 
     hold_s: float = 0.0
     first: bool = False
     tool_call_hold_s: float = 0.0
     tool_call_ids: frozenset[int] = frozenset()
     strong: bool = False        # ``hold_s`` is a tool wait known in advance (the replay: the trace says so)
+    answer_first: bool = False  # evict first if the output holds no tool-call marker (needs ``tool_call_ids``)
 
     def lease_for(self, generated: Sequence[int]) -> tuple[float, bool]:
         """(seconds, strong) of the lease for a request that generated ``generated``: strong for a tool call."""
         if self.tool_call_hold_s > 0 and not self.tool_call_ids.isdisjoint(generated):
             return max(self.tool_call_hold_s, self.hold_s), True
         return self.hold_s, self.strong
+
+    def first_for(self, generated: Sequence[int]) -> bool:
+        """Whether a request that generated ``generated`` has its blocks go first: marked so, or it answered
+        (no tool-call marker; a vocabulary without markers cannot tell, and nothing goes first)."""
+        return self.first or (self.answer_first and bool(self.tool_call_ids)
+                              and self.tool_call_ids.isdisjoint(generated))
 
 
 def tool_call_ids(token_to_id: Callable[[str], int | None]) -> frozenset[int]:

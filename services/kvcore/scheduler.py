@@ -111,7 +111,7 @@ class Scheduler:
         if hint is not None and request.seq.hashes:
             generated = request.all_tokens[len(request.all_tokens) - request.generated :] if request.generated else ()
             hold_s, strong = hint.lease_for(generated)
-            self.blocks.free(request.seq, hold_s, hint.first, strong)
+            self.blocks.free(request.seq, hold_s, hint.first_for(generated), strong)
         else:
             self.blocks.free(request.seq)
         request.lose_blocks()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.common.metrics import LATENCY_BUCKETS
+from services.common.metrics import LATENCY_BUCKETS, CounterCallback, GaugeCallback
+from services.common.tool_wait import ToolWaits
 
 
 class ParseMetrics:
@@ -33,3 +34,18 @@ class ParseMetrics:
                                      "Prompts that did not extend their session's previous turn, by cause.",
                                      ("in_output", "cause"),
                                      registry=r)
+
+    def watch_tool_waits(self, waits: ToolWaits) -> None:
+        """Export ``waits`` per harness: the tool-call hold it gives now and the waits it saw (read at scrape)."""
+        def hold() -> dict[tuple[str, ...], float]:
+            return {(h,): v[0] for h, v in waits.snapshot().items()}
+
+        def seen() -> dict[tuple[str, ...], float]:
+            return {(h,): float(v[1]) for h, v in waits.snapshot().items()}
+
+        self.registry.register(GaugeCallback(
+            "harnessmesh_parse_tool_wait_hold_seconds", "The KV hold a harness's tool-call turn gets now: its tool "
+            "waits' p90 x 1.5 within [10 s, 600 s], 60 s until 16 were seen (docs/agent-kv.md).", ("harness",), hold))
+        self.registry.register(CounterCallback(
+            "harnessmesh_parse_tool_waits", "Tool waits observed (a tool-call turn's end to its session's next "
+            "turn), by harness.", ("harness",), seen))

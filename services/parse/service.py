@@ -19,6 +19,7 @@ from services.common.message_reuse import HeldLine, MessageStore
 from services.common.model_dir import input_modalities
 from services.common.prompt_reuse import ReusingStub, prompt_key
 from services.common.service_settings import INLINE_RENDER_MESSAGES, INLINE_WORK_BYTES, INLINE_WORK_MESSAGES
+from services.common.tool_wait import ToolWaits
 from services.common.tracing import GEN_AI_REQUEST_MODEL, conversation_attributes
 from services.parse import convert
 from services.parse.break_cause import TurnShape
@@ -31,7 +32,7 @@ from services.parse.model_format import ModelFormat, Prompt
 from services.parse.parsers.events import Event, ReasoningDelta, ToolCallDispatch
 from services.parse.prefix_state import LocalPrefixState, PrefixState
 from services.parse.prefix_watch import PrefixBreak, PrefixWatch, session_key
-from services.parse.retention import kv_retention
+from services.parse.retention import TOOL_WAIT_RULE, TOOL_WAIT_S, kv_retention
 from services.parse.router_replicas import RouterInfo
 from services.parse.router_stream import ResumingRouterStream
 from services.parse.speculative import SpeculativePrefiller, TurnRecorder
@@ -64,6 +65,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         router_info: RouterInfo | router_pb2_grpc.RouterStub | None = None,
         prefix_state: PrefixState | None = None,
         messages: MessageStore[ChatMessage] | None = None,
+        tool_waits: ToolWaits | None = None,
     ) -> None:
         self.metrics = metrics or ParseMetrics()
         self._format = model_format
@@ -77,6 +79,9 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         self._prefix_state = prefix_state or LocalPrefixState()  # memory, or shared by replicas (prefix_state.py)
         self.messages = messages or MessageStore()  # conversations the gateway sends as their new messages
         self._tasks: set[asyncio.Future[None]] = set()  # work that outlives its Chat call (prefix-state pushes)
+        # each harness's tool waits, learnt from consecutive turns of its sessions (KV retention's tool-call hold)
+        self.tool_waits = tool_waits or ToolWaits(TOOL_WAIT_RULE)
+        self.metrics.watch_tool_waits(self.tool_waits)
 
     def _count_break(self, report: PrefixBreak) -> None:
         self.metrics.prefix_breaks.labels(str(report.in_output).lower(), report.cause).inc()
@@ -109,6 +114,7 @@ class ParseService(parse_pb2_grpc.ParseServicer):
                                         anonymous=ident.anonymous)
         attrs |= {"request.id": request_id, GEN_AI_REQUEST_MODEL: request.model}
         session = session_key(request.identity)
+        waited = self.tool_waits.turn_arrived(session, self.tool_waits.clock()) if session else None
         # the session's shared prefix-watch state, fetched while the prompt renders (no round trip of its own)
         shared = self._prefix_state.shared
         pulled = asyncio.ensure_future(self._prefix_state.pull(self._prefix_watch, session)) if shared else None
@@ -123,8 +129,10 @@ class ParseService(parse_pb2_grpc.ParseServicer):
             return
         generate, packed = router_request(request, prompt, max_tokens, request_id=request_id,
                                           model=self._format.served_model_name,
-                                          stop_token_ids=self._format.stop_token_ids)
+                                          stop_token_ids=self._format.stop_token_ids,
+                                          tool_wait_s=self.tool_waits.hold_s(ident.harness))
         with self._tracer.start_as_current_span("parse.stream", attributes=attrs) as span:
+            _retention_attributes(span, generate.retention, waited)
             if pulled is not None:
                 await pulled
             pushed: list[asyncio.Future[None]] = []
@@ -166,6 +174,8 @@ class ParseService(parse_pb2_grpc.ParseServicer):
         """At the turn's finish frame, before its batch goes out: the turn is recorded in the prefix watch (and
         its sharing with other replicas starts), handed to speculative prefill and logged. Returns the push."""
         pushes: list[asyncio.Future[None]] = []
+        if turn.pipeline.tool_calls and session:  # the harness runs the tool: the session's next turn ends the wait
+            self.tool_waits.tool_call_ended(session, request.identity.harness, self.tool_waits.clock())
         if turn.watched is not None:
             turn.watched.commit(turn.output.message())
             self.metrics.prefix_turns.inc()
@@ -289,14 +299,30 @@ class ParseService(parse_pb2_grpc.ParseServicer):
 
 def router_request(
     request: chat_pb2.ChatRequest, prompt: Prompt, max_tokens: int, *, request_id: str, model: str,
-    stop_token_ids: tuple[int, ...],
+    stop_token_ids: tuple[int, ...], tool_wait_s: float = TOOL_WAIT_S,
 ) -> tuple[worker_pb2.GenerateRequest, bytes]:
     """The router's request for a chat turn (the client's sampling with ``max_tokens`` as given: the client's
-    cap fitted to the context) and its prompt's ids packed, which go beside it. ``request`` is left as it came."""
+    cap fitted to the context; a tool-call turn's blocks held ``tool_wait_s``) and its prompt's ids packed, which
+    go beside it. ``request`` is left as it came."""
     out = convert.generate_request(request, prompt, request_id=request_id, model=model, stop_token_ids=stop_token_ids)
     out.sampling.max_tokens = max_tokens
-    out.retention.CopyFrom(kv_retention(request))
+    out.retention.CopyFrom(kv_retention(request, tool_wait_s))
     return out, token_bytes.pack(prompt.token_ids)
+
+
+def _retention_attributes(span: trace.Span, retention: worker_pb2.KvRetention, waited: float | None) -> None:
+    """The turn's KV retention hint (docs/agent-kv.md) and the tool wait its arrival ended, on its span."""
+    attrs: dict[str, float | bool] = {}
+    if retention.tool_call_hold_s:
+        attrs["parse.kv_retention.tool_call_hold_s"] = retention.tool_call_hold_s
+    if retention.answer_evict_first:
+        attrs["parse.kv_retention.answer_evict_first"] = True
+    if retention.evict_first:
+        attrs["parse.kv_retention.evict_first"] = True
+    if waited is not None:
+        attrs["parse.tool_wait_s"] = round(waited, 3)
+    if attrs:
+        span.set_attributes(attrs)
 
 
 class _SpanEvents:

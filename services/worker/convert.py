@@ -49,6 +49,7 @@ def request_from_proto(msg: worker_pb2.GenerateRequest, prompt: bytes | None = N
         retention_hold_s=max(0.0, msg.retention.hold_s, msg.hints.cache_ttl_s),
         retention_first=msg.retention.evict_first,
         retention_tool_call_hold_s=max(0.0, msg.retention.tool_call_hold_s),
+        retention_answer_first=msg.retention.answer_evict_first,
     )
 
 

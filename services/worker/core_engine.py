@@ -116,4 +116,5 @@ def retention_stats(retention: Retention) -> dict[str, float]:
     return {"kv_retention_held_blocks": float(retention.held_blocks), "kv_retention_leases": float(st.leases),
             "kv_retention_lease_hits": float(st.hits), "kv_retention_hit_blocks": float(st.hit_blocks),
             "kv_retention_expired_blocks": float(st.expired_blocks),
-            "kv_retention_broken_blocks": float(st.broken_blocks)}
+            "kv_retention_broken_blocks": float(st.broken_blocks),
+            "kv_retention_marked_blocks": float(st.marked_blocks)}

@@ -65,7 +65,8 @@ class WorkerMetrics:
         for key, doc in (("leases", "Requests whose KV blocks were leased when they ended."),
                          ("lease_hits", "Admissions that reused KV blocks under a live lease."),
                          ("hit_blocks", "KV blocks reused under a live lease (kept past plain LRU order)."),
-                         ("broken_blocks", "Leased KV blocks evicted before their lease ended (nothing else left).")):
+                         ("broken_blocks", "Leased KV blocks evicted before their lease ended (nothing else left)."),
+                         ("marked_blocks", "KV blocks marked to go first (a finished sub-agent, a closed session).")):
             self.registry.register(CounterCallback(f"harnessmesh_worker_kv_retention_{key}", doc, ("worker",),
                                                    retention(key)))
 

@@ -62,10 +62,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         with self._tracer.start_as_current_span("worker.generate") as span:
             span.set_attributes({"request.id": req.request_id, "worker.id": self._worker_id,
                                  "worker.prompt_tokens": len(req.token_ids)})
-            if req.retention_hold_s or req.retention_tool_call_hold_s or req.retention_first:  # docs/agent-kv.md
+            if (req.retention_hold_s or req.retention_tool_call_hold_s or req.retention_first
+                    or req.retention_answer_first):  # docs/agent-kv.md
                 span.set_attributes({"worker.kv_retention.hold_s": req.retention_hold_s,
                                      "worker.kv_retention.tool_call_hold_s": req.retention_tool_call_hold_s,
-                                     "worker.kv_retention.evict_first": req.retention_first})
+                                     "worker.kv_retention.evict_first": req.retention_first,
+                                     "worker.kv_retention.answer_evict_first": req.retention_answer_first})
             stream = self._engine.generate(req)
             sent_first = False
             try:

@@ -166,3 +166,22 @@ def test_the_lease_a_hint_asks_for_depends_on_how_the_turn_ended() -> None:
     assert hint.lease_for([11, 12]) == (300.0, False)        # an answer: only what cache_control asked
     assert RetentionHint(tool_call_hold_s=60.0, tool_call_ids=frozenset({4098})).lease_for([5]) == (0.0, False)
     assert RetentionHint(hold_s=20.0, strong=True).lease_for([]) == (20.0, True)
+
+
+def test_a_sub_agents_answer_marks_its_blocks_but_its_tool_call_leases_them() -> None:
+    hint = RetentionHint(tool_call_hold_s=60.0, tool_call_ids=frozenset({4098}), answer_first=True)
+    assert hint.first_for([11, 12]) and not hint.first_for([11, 4098])
+    assert hint.lease_for([11, 4098]) == (60.0, True)
+    assert not RetentionHint(answer_first=True).first_for([11])  # no marker known: an answer cannot be told
+    assert RetentionHint(first=True).first_for([4098])
+
+
+def test_marking_first_spares_blocks_a_running_request_still_holds() -> None:
+    bm = BlockManager(24, BS, clock=Clock())
+    tokens = list(range(8 * BS))
+    running, done = KvSequence(), KvSequence()
+    assert bm.acquire_prefix(running, tokens[: 4 * BS]) == 0 and bm.append(running, tokens[: 4 * BS])
+    assert bm.acquire_prefix(done, tokens) == 4 * BS and bm.append(done, tokens[4 * BS:])
+    shared, own = done.hashes[:4], done.hashes[4:]
+    bm.free(done, first=True)                 # a sub-agent that shares the running request's head answered
+    assert list(bm.retention.first) == own and shared == running.hashes

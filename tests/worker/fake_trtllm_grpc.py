@@ -96,6 +96,7 @@ class FakeTrtllmServer:
     server: grpc.aio.Server
     port: int
     params: list[SamplingParams] = field(default_factory=list)
+    requests: list[pb2.GenerateRequest] = field(default_factory=list)  # as they came over the wire
     aborts: list[str] = field(default_factory=list)
     subscriptions: int = 0
 
@@ -173,6 +174,7 @@ class FakeTrtllmServicer(pb2_grpc.TrtllmServiceServicer):
             prompt = list(request.tokenized.input_token_ids)
             params = self.sampling_params(request)
             self.state.params.append(params)
+            self.state.requests.append(request)
             sent = 0
             async for result in self._manager_generate(request_id, prompt, params):
                 cached = getattr(result, "cached_tokens", 0)

@@ -117,6 +117,17 @@ async def test_sampling_goes_out_in_trtllm_conventions(make: Make) -> None:
     assert len(server.params) == seen  # refused before the server saw it
 
 
+async def test_a_retention_hint_is_served_and_not_put_on_the_wire(make: Make) -> None:
+    """The schema's ``kv_cache_retention`` (policy + config_json) is read by no TensorRT-LLM servicer
+    (docs/agent-kv.md): a hinted request goes out as an unhinted one."""
+    engine, server, _ = await make()
+    for rid, hint in (("cached", {"retention_hold_s": 300.0}), ("tool", {"retention_tool_call_hold_s": 60.0}),
+                      ("done", {"retention_first": True}), ("sub", {"retention_answer_first": True})):
+        outputs = await collect(engine, EngineRequest(rid, prompt(40), max_tokens=2, ignore_eos=True, **hint))
+        assert tokens(outputs) and outputs[-1].finish_reason == "length"
+        assert not server.requests[-1].HasField("kv_cache_retention")
+
+
 async def test_what_the_server_refuses_is_invalid_request(make: Make) -> None:
     _, server, _ = await make()
     client = TrtllmGrpcClient(server.target)

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from gateway.apis.canonical import header_closes_session
 from gateway.apis.grpc_edge.access import AccessLine
 from gateway.apis.grpc_edge.errors import abort, error_batch, redact
 from gateway.auth import ApiKeys
@@ -63,6 +64,8 @@ class AgentServicer(chat_pb2_grpc.AgentServiceServicer):
             forward.request_id = request_id
             forward.model = info.served_model_name
             forward.identity.CopyFrom(resolve_identity(_metadata(context), request.identity))
+            if header_closes_session(_metadata(context)):  # as HTTP: Dynamo's header closes the session too
+                forward.hints.session_final = True
             access.identity = forward.identity
             async with contextlib.aclosing(self._parse.chat(forward)) as stream:
                 async for batch in stream:

@@ -105,7 +105,8 @@ def chat_request(
     )
     nvext = body.nvext
     identity, hints = identity_and_hints(
-        headers, nvext.agent_context if nvext else None, nvext.agent_hints if nvext else None
+        headers, nvext.agent_context if nvext else None, nvext.agent_hints if nvext else None,
+        closes_session=nvext is not None and nvext.closes_session(),
     )
     return chat_pb2.ChatRequest(
         request_id=request_id,

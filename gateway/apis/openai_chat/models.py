@@ -95,6 +95,14 @@ class AgentContextIn(_Loose):
     trajectory_id: str | None = None
     parent_session_id: str | None = None
     parent_trajectory_id: str | None = None
+    session_final: bool | None = None  # the session's last request (Dynamo's X-Dynamo-Session-Final)
+
+
+class SessionControlIn(_Loose):
+    """``nvext.session_control`` (Dynamo): ``action`` ``"close"`` on a session's last turn."""
+
+    session_id: str | None = None
+    action: str | None = None
 
 
 class NvExt(_Loose):
@@ -102,6 +110,13 @@ class NvExt(_Loose):
 
     agent_hints: AgentHintsIn | None = None
     agent_context: AgentContextIn | None = None
+    session_control: SessionControlIn | None = None
+
+    def closes_session(self) -> bool:
+        """Whether the client closes its session with this request (its KV blocks go first once it ends)."""
+        control, context = self.session_control, self.agent_context
+        return bool((control is not None and control.action == "close")
+                    or (context is not None and context.session_final))
 
 
 class ChatCompletionRequest(_Loose):

@@ -397,7 +397,7 @@ def chat_request(
     nvext = body.nvext
     identity, hints = identity_and_hints(
         headers, nvext.agent_context if nvext else None, nvext.agent_hints if nvext else None,
-        prompt_cache_key=body.prompt_cache_key,
+        prompt_cache_key=body.prompt_cache_key, closes_session=nvext is not None and nvext.closes_session(),
     )
     kwargs = template_kwargs(body)
     chat = chat_pb2.ChatRequest(

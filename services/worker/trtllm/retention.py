@@ -7,7 +7,8 @@ for its TTL; a tool-call hold at :data:`TOOL_CALL_PRIORITY` for its TTL; evict-f
 :data:`FIRST_PRIORITY`. TensorRT-LLM takes the config when the request is submitted, before its output is
 known, so a tool-call hold applies whatever the turn's end (weaker than the plain one: most turns of a tool
 loop end in a call, the others' priority lapses with their TTL). Soft as our own: priorities only order
-eviction.
+eviction. A sub-agent's ``answer_evict_first`` is not mapped: it depends on the turn's end, unknown at submission,
+and most of a sub-agent's turns end in tool calls (its tool-call hold applies).
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ stop tokens and ``max_tokens`` exactly as every other engine does.
 * Load: the schema has no stats call, so ``active_blocks`` is our accounting of the running requests
   (their distinct prompt blocks plus what each generated); ``total_blocks`` is ``--num-blocks`` (the
   ``created`` event that carries the pool size is not sent over the wire).
+* Retention hints (docs/agent-kv.md) are not sent: the schema's ``GenerateRequest.kv_cache_retention`` (a
+  ``policy`` name and a ``config_json`` string, no schema for either) is read by no TensorRT-LLM servicer
+  (``tensorrt_llm/grpc/smg/servicer.py`` submits every request without a ``KvCacheRetentionConfig``, and SMG's
+  own router always sends none), so the server evicts plain LRU by priority 35; the embedded adapter
+  (``services/worker/trtllm``), which calls ``generate_async`` itself, is the one that applies them.
 * Block size: the wire does not carry ``tokens_per_block``; a stored event whose full blocks are longer
   or shorter than ours reveals the server's, and new requests are then refused (``UNAVAILABLE``) with the
   size to restart with.

@@ -91,3 +91,14 @@ async def test_one_access_line_per_chat_call(stub: chat_pb2_grpc.AgentServiceAsy
     assert (ok["session_id"], ok["trajectory_id"]) == ("S", "T")
     assert (ok["prompt_tokens"], ok["completion_tokens"], ok["cached_tokens"]) == (900, 5, 512)
     assert ok["duration_ms"] > 0 and "secret answer" not in repr(lines)
+
+
+async def test_a_session_is_closed_by_its_hint_or_dynamos_header(stub: chat_pb2_grpc.AgentServiceAsyncStub,
+                                                                 fake: FakeParse) -> None:
+    fake.script = [batch(started(), text("bye")), batch(finish())]
+    request = chat_pb2.ChatRequest(model="demo", messages=[USER])
+    [_ async for _ in stub.Chat(request)]
+    [_ async for _ in stub.Chat(request, metadata=(("x-dynamo-session-final", "true"),))]
+    request.hints.session_final = True
+    [_ async for _ in stub.Chat(request)]
+    assert [r.hints.session_final for r in fake.requests] == [False, True, True]
