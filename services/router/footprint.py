@@ -21,9 +21,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-# kv-cache-tester slice at 12,288 blocks per worker (docs/agent-kv.md), TTFT mean: window 300 / 600 / 900 s:
-# 122 / 122 / 131 ms (footprints off: 131). Claude Code's idle gaps there are capped at 300 s.
-DEFAULT_FOOTPRINT_WINDOW = 600.0
+# kv-cache-tester slices of bench/agent_kv.py (seeds 0 and 1; idle gaps capped at 300 s), TTFT mean, window
+# 300 / 600 s: 89.9 / 91.6 and 98.1 / 103.0 ms at 16,384 blocks per worker; 117.6 / 119.7 and 137.9 / 134.6 ms
+# at 12,288 (KV pressure). Footprints off (seed 0): 98.0 and 131.0 ms.
+DEFAULT_FOOTPRINT_WINDOW = 300.0
 
 
 class SessionFootprints:

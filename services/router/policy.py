@@ -59,8 +59,9 @@ DEFAULT_OVERLAP_WEIGHT = 8.0
 
 # Cost of a block of another session's live context on a worker, for a prompt the worker would compute whole
 # (a block of prefill costs 8). kv-cache-tester slice at 12,288 blocks per worker (bench/agent_kv.py's, KV
-# pressure), TTFT mean: footprints off 131 ms; unscaled weight 0.5 / 1 / 1.5 / 2 / 4: 123 / 122 / 123 / 127 /
-# 131 ms; scaled by the share computed (as here) 1 / 2: 120 / 120 ms (reuse 0.941 / 0.943).
+# pressure, window 600 s), TTFT mean: footprints off 131 ms; unscaled weight 0.5 / 1 / 1.5 / 2 / 4: 123 / 122 /
+# 123 / 127 / 131 ms; scaled by the share computed (as here) 1 / 2 / 4: 120 / 120 / 123 ms. At a 300 s window,
+# 2 / 4 give 89.9 / 90.8 ms at 16,384 blocks and 117.6 / 120.5 ms at 12,288.
 DEFAULT_LIVE_WEIGHT = 2.0
 
 @dataclass(frozen=True)
