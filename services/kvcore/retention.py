@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, count, islice, repeat
-from operator import and_, ne, not_
+from operator import and_, is_, is_not, ne, not_
 
 # Tool-call start markers that are one token in their models' vocabularies (Hermes/Qwen, Llama 3, Nemotron,
 # Mistral, Kimi, DeepSeek): a turn whose output holds one ended in a tool call.
@@ -60,10 +60,28 @@ class RetentionStats:
     marked_blocks: int = 0       # blocks marked to go first
 
 
-def choose_victims(lru: dict[int, None], leases: dict[int, float], strong: dict[int, None], first: dict[int, None],
-                   now: float, evict: int, stats: RetentionStats) -> list[int]:
+class _Strong(float):
+    """A strong lease's end (a tool wait): a float, so scans compare it at C speed."""
+
+    __slots__ = ()
+
+
+_NO_LEASE = -math.inf
+_MARK = float("-inf")  # the value of a block marked to go first (compared by identity; never live, never expired)
+
+
+def choose_victims(lru: dict[int, None], leases: dict[int, float], first: dict[int, None], now: float, evict: int,
+                   stats: RetentionStats) -> list[int]:
     """The ``evict`` inactive blocks to evict (``lru``: oldest first; it holds at least ``evict``). Leases and
-    marks of the victims end; leased blocks passed over move to ``lru``'s newest end (still inactive)."""
+    marks of the victims end; leased blocks passed over move to ``lru``'s newest end (still inactive).
+
+    ``leases``: block hash -> its lease's end (a :class:`_Strong` one for a tool wait) or :data:`_MARK`; ``first``:
+    the marked blocks in marking order, and stale entries (no longer marked) that are skipped."""
+    while first:  # stale entries at the head go (a block reused or leased since its mark)
+        h = next(iter(first))
+        if leases.get(h) is _MARK:
+            break
+        del first[h]
     if not first:  # the usual case: none of the least recently used blocks is leased
         oldest = list(islice(lru, evict))
         if leases.keys().isdisjoint(oldest):
@@ -72,21 +90,21 @@ def choose_victims(lru: dict[int, None], leases: dict[int, float], strong: dict[
     while first and len(victims) < evict:
         h = next(iter(first))
         del first[h]
-        if h in lru:
-            victims.append(h)
-            leases.pop(h, None)
-            strong.pop(h, None)
+        if leases.get(h) is _MARK:
+            del leases[h]
+            if h in lru:
+                victims.append(h)
     kept: list[int] = []
     if len(victims) < evict:
-        _scan(lru, leases, strong, now, evict, victims, kept, stats)
+        _scan(lru, leases, now, evict, victims, kept, stats)
     if len(victims) < evict:  # soft: leased blocks go too, plain leases before strong ones, each oldest first
-        order = [h for h in kept if h not in strong] + [h for h in kept if h in strong] if strong else kept
+        strong = [type(leases[h]) is _Strong for h in kept]
+        order = [*compress(kept, map(not_, strong)), *compress(kept, strong)] if any(strong) else kept
         broken = order[: evict - len(victims)]
         gone = set(broken)
         kept = [h for h in kept if h not in gone]
         victims += broken
         deque(map(leases.pop, broken), maxlen=0)
-        deque(map(strong.pop, broken, repeat(None)), maxlen=0)
         stats.broken_blocks += len(broken)
     if kept:
         deque(map(lru.pop, kept), maxlen=0)
@@ -94,18 +112,18 @@ def choose_victims(lru: dict[int, None], leases: dict[int, float], strong: dict[
     return victims
 
 
-def _scan(lru: dict[int, None], leases: dict[int, float], strong: dict[int, None], now: float, evict: int,
-          victims: list[int], kept: list[int], stats: RetentionStats) -> None:
+def _scan(lru: dict[int, None], leases: dict[int, float], now: float, evict: int, victims: list[int],
+          kept: list[int], stats: RetentionStats) -> None:
     """Extend ``victims`` to ``evict`` blocks in LRU order with blocks under no live lease (expired leases end);
     the leased blocks passed over go to ``kept``. In chunks, each checked in C passes (a lease-free block's end
-    reads as -inf)."""
+    reads as -inf; no block is marked by now)."""
     chosen = set(victims)
     blocks = (h for h in lru if h not in chosen) if chosen else iter(lru)
     while len(victims) < evict:
         chunk = list(islice(blocks, 2 * (evict - len(victims)) + 64))
         if not chunk:
             return
-        ends = list(map(leases.get, chunk, repeat(-math.inf)))
+        ends = list(map(leases.get, chunk, repeat(_NO_LEASE)))
         free = list(map(now.__ge__, ends))
         at = list(compress(count(), free))
         need = evict - len(victims)
@@ -114,67 +132,64 @@ def _scan(lru: dict[int, None], leases: dict[int, float], strong: dict[int, None
             chunk, ends, free = chunk[:cut], ends[:cut], free[:cut]
         victims += compress(chunk, free)
         kept += compress(chunk, map(not_, free))
-        expired = list(compress(chunk, map(and_, free, map(ne, ends, repeat(-math.inf)))))
+        expired = list(compress(chunk, map(and_, free, map(ne, ends, repeat(_NO_LEASE)))))
         if expired:
             deque(map(leases.pop, expired), maxlen=0)
-            deque(map(strong.pop, expired, repeat(None)), maxlen=0)
             stats.expired_blocks += len(expired)
 
 
 class Retention:
-    """One block manager's leases and evict-first marks, on its clock (seconds)."""
+    """One block manager's leases and evict-first marks, on its clock (seconds).
+
+    One dict holds both, block hash -> lease end or :data:`_MARK`, so a sequence's lease or reuse is one pass
+    over its blocks; ``first`` orders the marks lazily (an entry whose block is no longer marked is skipped)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self.leases: dict[int, float] = {}     # block hash -> when its lease ends
-        self.strong: dict[int, None] = {}      # leased blocks whose lease is strong (a tool wait)
-        self.first: dict[int, None] = {}       # block hashes to evict before any other
+        self.leases: dict[int, float] = {}     # block hash -> when its lease ends (_Strong: a tool wait), or _MARK
+        self.first: dict[int, None] = {}       # marked block hashes in marking order (and stale entries)
         self.stats = RetentionStats()
 
     @property
     def held_blocks(self) -> int:
         """Blocks under a lease (some may have expired and not been looked at since)."""
-        return len(self.leases)
+        leases = self.leases
+        return len(leases) - sum(map(is_, leases.values(), repeat(_MARK))) if self.first else len(leases)
 
     def retain(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> None:
         """A sequence holding ``hashes`` ended: lease them for ``hold_s`` seconds (``strong``: a tool wait), or
         mark them ``first``."""
-        stats = self.stats
-        if first or not strong:
-            deque(map(self.strong.pop, hashes, repeat(None)), maxlen=0)
+        stats, leases = self.stats, self.leases
         if first:
-            self.first.update(zip(hashes, repeat(None)))
-            deque(map(self.leases.pop, hashes, repeat(None)), maxlen=0)
+            marks = self.first
+            if marks:  # blocks marked already keep their place; the others go to the end
+                again = list(compress(hashes, map(is_not, map(leases.get, hashes), repeat(_MARK))))
+                deque(map(marks.pop, again, repeat(None)), maxlen=0)
+            marks.update(zip(hashes, repeat(None)))
+            leases.update(zip(hashes, repeat(_MARK)))
             stats.marked_blocks += len(hashes)
             return
-        self.leases.update(zip(hashes, repeat(self.clock() + hold_s)))
-        if strong:
-            self.strong.update(zip(hashes, repeat(None)))
-        if self.first:
-            deque(map(self.first.pop, hashes, repeat(None)), maxlen=0)
+        end = self.clock() + hold_s
+        leases.update(zip(hashes, repeat(_Strong(end) if strong else end)))
         stats.leases += 1
         stats.leased_blocks += len(hashes)
 
     def reused(self, hashes: list[int]) -> None:
         """An admission took ``hashes``: their leases and marks end; leased ones count as lease hits."""
-        if self.first:
-            deque(map(self.first.pop, hashes, repeat(None)), maxlen=0)
-        if self.leases and not self.leases.keys().isdisjoint(hashes):
-            if self.strong:
-                deque(map(self.strong.pop, hashes, repeat(None)), maxlen=0)
-            ends = list(map(self.leases.pop, hashes, repeat(-math.inf)))
-            live = sum(map(self.clock().__lt__, ends))
-            if live:
-                self.stats.hits += 1
-                self.stats.hit_blocks += live
+        if self.leases:
+            ends = list(map(self.leases.pop, hashes, repeat(_NO_LEASE)))
+            if ends.count(_NO_LEASE) != len(ends):
+                live = sum(map(self.clock().__lt__, ends))
+                if live:
+                    self.stats.hits += 1
+                    self.stats.hit_blocks += live
 
     def victims(self, lru: dict[int, None], evict: int) -> tuple[list[int], bool]:
         """:func:`choose_victims` on this manager's leases and marks; and whether blocks passed over moved."""
         newest = next(reversed(lru), None)
-        victims = choose_victims(lru, self.leases, self.strong, self.first, self.clock(), evict, self.stats)
+        victims = choose_victims(lru, self.leases, self.first, self.clock(), evict, self.stats)
         return victims, next(reversed(lru), None) != newest
 
     def clear(self) -> None:
         self.leases.clear()
-        self.strong.clear()
         self.first.clear()
