@@ -71,17 +71,15 @@ _MARK = float("-inf")  # the value of a block marked to go first (compared by id
 
 
 def choose_victims(lru: dict[int, None], leases: dict[int, float], first: dict[int, None], now: float, evict: int,
-                   stats: RetentionStats) -> list[int]:
+                   stats: RetentionStats, sealed: list[float] | None = None) -> list[int]:
     """The ``evict`` inactive blocks to evict (``lru``: oldest first; it holds at least ``evict``). Leases and
     marks of the victims end; leased blocks passed over move to ``lru``'s newest end (still inactive).
 
     ``leases``: block hash -> its lease's end (a :class:`_Strong` one for a tool wait) or :data:`_MARK`; ``first``:
-    the marked blocks in marking order, and stale entries (no longer marked) that are skipped."""
-    while first:  # stale entries at the head go (a block reused or leased since its mark)
-        h = next(iter(first))
-        if leases.get(h) is _MARK:
-            break
-        del first[h]
+    the marked blocks in marking order, and stale entries (no longer marked) that are skipped. ``sealed``: told
+    (appended) the earliest lease end when every block of ``lru`` holds a live strong lease (see
+    :meth:`Retention.victims`)."""
+    _drop_stale_marks(leases, first)
     if not first:  # the usual case: none of the least recently used blocks is leased
         oldest = list(islice(lru, evict))
         if leases.keys().isdisjoint(oldest):
@@ -99,6 +97,8 @@ def choose_victims(lru: dict[int, None], leases: dict[int, float], first: dict[i
         _scan(lru, leases, now, evict, victims, kept, stats)
     if len(victims) < evict:  # soft: leased blocks go too, plain leases before strong ones, each oldest first
         strong = [type(leases[h]) is _Strong for h in kept]
+        if sealed is not None and not victims and all(strong):  # the scan passed every block: all hold one
+            sealed.append(min(map(leases.__getitem__, kept)))
         order = [*compress(kept, map(not_, strong)), *compress(kept, strong)] if any(strong) else kept
         broken = order[: evict - len(victims)]
         gone = set(broken)
@@ -110,6 +110,15 @@ def choose_victims(lru: dict[int, None], leases: dict[int, float], first: dict[i
         deque(map(lru.pop, kept), maxlen=0)
         lru.update(zip(kept, repeat(None)))
     return victims
+
+
+def _drop_stale_marks(leases: dict[int, float], first: dict[int, None]) -> None:
+    """Entries at the head of ``first`` whose block is no longer marked (reused or leased since) go."""
+    while first:
+        h = next(iter(first))
+        if leases.get(h) is _MARK:
+            return
+        del first[h]
 
 
 def _scan(lru: dict[int, None], leases: dict[int, float], now: float, evict: int, victims: list[int],
@@ -149,6 +158,9 @@ class Retention:
         self.leases: dict[int, float] = {}     # block hash -> when its lease ends (_Strong: a tool wait), or _MARK
         self.first: dict[int, None] = {}       # marked block hashes in marking order (and stale entries)
         self.stats = RetentionStats()
+        # (LRU epoch, earliest end): at that epoch of the caller's LRU list every block in it held a strong lease
+        # ending no earlier (blocks only left it since: the epoch moves when one enters or moves)
+        self._sealed: tuple[int, float] | None = None
 
     @property
     def held_blocks(self) -> int:
@@ -184,12 +196,30 @@ class Retention:
                     self.stats.hits += 1
                     self.stats.hit_blocks += live
 
-    def victims(self, lru: dict[int, None], evict: int) -> tuple[list[int], bool]:
-        """:func:`choose_victims` on this manager's leases and marks; and whether blocks passed over moved."""
+    def victims(self, lru: dict[int, None], evict: int, epoch: int = -1) -> tuple[list[int], bool]:
+        """:func:`choose_victims` on this manager's leases and marks; and whether blocks passed over moved.
+
+        ``epoch``: the caller's count of blocks entering or moving in ``lru`` (-1: unknown). Under KV pressure
+        every inactive block may be leased: then each eviction would scan them all to break the oldest leases.
+        When a scan found so, and since then blocks only left the list (same epoch) and no lease ended, the
+        answer is the same without the scan: the list's oldest blocks, nothing moved."""
+        now = self.clock()
+        sealed = self._sealed
+        if sealed is not None and sealed[0] == epoch >= 0 and now < sealed[1]:
+            _drop_stale_marks(self.leases, self.first)
+            if not self.first:
+                victims = list(islice(lru, evict))
+                deque(map(self.leases.pop, victims), maxlen=0)
+                self.stats.broken_blocks += len(victims)
+                return victims, False
         newest = next(reversed(lru), None)
-        victims = choose_victims(lru, self.leases, self.first, self.clock(), evict, self.stats)
-        return victims, next(reversed(lru), None) != newest
+        ends: list[float] = []
+        victims = choose_victims(lru, self.leases, self.first, now, evict, self.stats, ends)
+        moved = next(reversed(lru), None) != newest
+        self._sealed = (epoch + moved, ends[0]) if ends and epoch >= 0 else None
+        return victims, moved
 
     def clear(self) -> None:
         self.leases.clear()
         self.first.clear()
+        self._sealed = None
