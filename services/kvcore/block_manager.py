@@ -255,9 +255,17 @@ class BlockManager:
             newest = list(islice(reversed(inactive), len(prefix) - held)) if held < len(prefix) else []
             run = common_prefix(prefix[held:] if held else prefix, newest)
         rest = prefix[held + run:] if held or run else prefix
-        hits = len(list(takewhile(full.__contains__, rest)))  # C-speed scans from there on
+        # C-speed scans from there on. Past the held head a cached block is inactive (its holders would hold the
+        # head's inactive block too), so one scan of the LRU list finds them; should it stop at a cached block
+        # (a hash collision breaks that), both scans run.
+        hits = len(list(takewhile(inactive.__contains__, rest)))
+        if hits < len(rest) and rest[hits] in full:
+            hits = len(list(takewhile(full.__contains__, rest)))
+            watched = list(filter(inactive.__contains__, rest[:hits]))
+        else:
+            watched = rest[:hits]
         matched = held + run + hits
-        self._watch = _Watch(prefix[held : held + run] + list(filter(inactive.__contains__, rest[:hits])))
+        self._watch = _Watch(prefix[held : held + run] + watched)
         self._probe = _Probe(seq, limit, matched, self._lru_epoch, held, run)
         return matched, len(self._watch)
 

@@ -9,6 +9,7 @@ ends the sub-agent: its blocks go first. Any other turn (an answer to a human) g
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class AgentRetention:
         self.config = config or ToolWaitConfig()
         self._waiting: dict[str, float] = {}      # session -> when its tool-call turn ended (s)
         self._waits: deque[float] = deque(maxlen=self.config.window)
+        self._ranked: list[float] = []            # the same waits, sorted
         self._hold_s = self.config.default_hold_s
 
     @property
@@ -56,10 +58,14 @@ class AgentRetention:
         ended = self._waiting.pop(req.session, None)
         if ended is None:
             return
-        self._waits.append(max(0.0, now_s - ended))
+        wait = max(0.0, now_s - ended)
+        if len(self._waits) == self._waits.maxlen:  # the oldest leaves the window
+            del self._ranked[bisect_left(self._ranked, self._waits[0])]
+        self._waits.append(wait)
+        insort(self._ranked, wait)
         c = self.config
         if len(self._waits) >= c.min_samples:
-            ranked = sorted(self._waits)
+            ranked = self._ranked
             self._hold_s = c.margin * ranked[min(len(ranked) - 1, int(c.quantile * len(ranked)))]
 
     def finished(self, req: TraceRequest, now_s: float) -> None:
