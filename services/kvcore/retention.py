@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress, count, islice, repeat
-from operator import and_, is_, is_not, ne, not_
+from itertools import chain, compress, count, islice, repeat
+from operator import and_, ne, not_
 
 # Tool-call start markers that are one token in their models' vocabularies (Hermes/Qwen, Llama 3, Nemotron,
 # Mistral, Kimi, DeepSeek): a turn whose output holds one ended in a tool call.
@@ -66,73 +66,79 @@ class _Strong(float):
     __slots__ = ()
 
 
-_NO_LEASE = -math.inf
-_MARK = float("-inf")  # the value of a block marked to go first (compared by identity; never live, never expired)
+NO_LEASE = -math.inf   # an inactive block's value in the LRU list when it is under no lease
+MARK = float("-inf")   # the value of a block marked to go first (told apart by identity; never live, never expired)
 
 
-def choose_victims(lru: dict[int, None], leases: dict[int, float], first: dict[int, None], now: float, evict: int,
+def choose_victims(lru: dict[int, float], active: dict[int, float], first: dict[int, None], now: float, evict: int,
                    stats: RetentionStats, sealed: list[float] | None = None) -> list[int]:
-    """The ``evict`` inactive blocks to evict (``lru``: oldest first; it holds at least ``evict``). Leases and
-    marks of the victims end; leased blocks passed over move to ``lru``'s newest end (still inactive).
-
-    ``leases``: block hash -> its lease's end (a :class:`_Strong` one for a tool wait) or :data:`_MARK`; ``first``:
-    the marked blocks in marking order, and stale entries (no longer marked) that are skipped. ``sealed``: told
+    """The ``evict`` inactive blocks to evict (``lru``: oldest first, each block's lease end, :data:`NO_LEASE` or
+    :data:`MARK`; it holds at least ``evict``); they leave with their leases and marks. Leased blocks passed over
+    move to ``lru``'s newest end (still inactive). ``active``: leases and marks of blocks in use; ``first``: the
+    marked blocks in marking order, and stale entries (no longer marked) that are skipped. ``sealed``: told
     (appended) the earliest lease end when every block of ``lru`` holds a live strong lease (see
     :meth:`Retention.victims`)."""
-    _drop_stale_marks(leases, first)
+    _drop_stale_marks(lru, active, first)
     if not first:  # the usual case: none of the least recently used blocks is leased
         oldest = list(islice(lru, evict))
-        if leases.keys().isdisjoint(oldest):
+        if list(islice(lru.values(), evict)).count(NO_LEASE) == evict:
             return oldest
     victims: list[int] = []
     while first and len(victims) < evict:
         h = next(iter(first))
         del first[h]
-        if leases.get(h) is _MARK:
-            del leases[h]
-            if h in lru:
+        value = lru.get(h)
+        if value is not None:
+            if value is MARK:
                 victims.append(h)
+        elif active.get(h) is MARK:  # in use: the mark ends
+            del active[h]
     kept: list[int] = []
     if len(victims) < evict:
-        _scan(lru, leases, now, evict, victims, kept, stats)
+        _scan(lru, now, evict, victims, kept, stats)
     if len(victims) < evict:  # soft: leased blocks go too, plain leases before strong ones, each oldest first
-        strong = [type(leases[h]) is _Strong for h in kept]
+        strong = [type(lru[h]) is _Strong for h in kept]
         if sealed is not None and not victims and all(strong):  # the scan passed every block: all hold one
-            sealed.append(min(map(leases.__getitem__, kept)))
+            sealed.append(min(map(lru.__getitem__, kept)))
         order = [*compress(kept, map(not_, strong)), *compress(kept, strong)] if any(strong) else kept
         broken = order[: evict - len(victims)]
         gone = set(broken)
         kept = [h for h in kept if h not in gone]
         victims += broken
-        deque(map(leases.pop, broken), maxlen=0)
         stats.broken_blocks += len(broken)
     if kept:
-        deque(map(lru.pop, kept), maxlen=0)
-        lru.update(zip(kept, repeat(None)))
+        ends = list(map(lru.pop, kept))
+        lru.update(zip(kept, ends, strict=True))
     return victims
 
 
-def _drop_stale_marks(leases: dict[int, float], first: dict[int, None]) -> None:
+def _marked(lru: dict[int, float], active: dict[int, float], h: int) -> bool:
+    value = lru.get(h)
+    return (value if value is not None else active.get(h)) is MARK
+
+
+def _drop_stale_marks(lru: dict[int, float], active: dict[int, float], first: dict[int, None]) -> None:
     """Entries at the head of ``first`` whose block is no longer marked (reused or leased since) go."""
     while first:
         h = next(iter(first))
-        if leases.get(h) is _MARK:
+        if _marked(lru, active, h):
             return
         del first[h]
 
 
-def _scan(lru: dict[int, None], leases: dict[int, float], now: float, evict: int, victims: list[int],
-          kept: list[int], stats: RetentionStats) -> None:
+def _scan(lru: dict[int, float], now: float, evict: int, victims: list[int], kept: list[int],
+          stats: RetentionStats) -> None:
     """Extend ``victims`` to ``evict`` blocks in LRU order with blocks under no live lease (expired leases end);
     the leased blocks passed over go to ``kept``. In chunks, each checked in C passes (a lease-free block's end
     reads as -inf; no block is marked by now)."""
     chosen = set(victims)
     blocks = (h for h in lru if h not in chosen) if chosen else iter(lru)
+    values = None if chosen else iter(lru.values())  # in step with ``blocks``
     while len(victims) < evict:
         chunk = list(islice(blocks, 2 * (evict - len(victims)) + 64))
         if not chunk:
             return
-        ends = list(map(leases.get, chunk, repeat(_NO_LEASE)))
+        ends = list(map(lru.__getitem__, chunk)) if values is None else list(islice(values, len(chunk)))
         free = list(map(now.__ge__, ends))
         at = list(compress(count(), free))
         need = evict - len(victims)
@@ -141,22 +147,24 @@ def _scan(lru: dict[int, None], leases: dict[int, float], now: float, evict: int
             chunk, ends, free = chunk[:cut], ends[:cut], free[:cut]
         victims += compress(chunk, free)
         kept += compress(chunk, map(not_, free))
-        expired = list(compress(chunk, map(and_, free, map(ne, ends, repeat(_NO_LEASE)))))
-        if expired:
-            deque(map(leases.pop, expired), maxlen=0)
-            stats.expired_blocks += len(expired)
+        stats.expired_blocks += sum(map(and_, free, map(ne, ends, repeat(NO_LEASE))))
 
 
 class Retention:
     """One block manager's leases and evict-first marks, on its clock (seconds).
 
-    One dict holds both, block hash -> lease end or :data:`_MARK`, so a sequence's lease or reuse is one pass
-    over its blocks; ``first`` orders the marks lazily (an entry whose block is no longer marked is skipped)."""
+    An inactive block's lease end (or mark) is its value in the manager's LRU list (``lru``), so a sequence's
+    lease or reuse costs no pass over its blocks beyond the list's own; blocks in use keep theirs in
+    ``active`` (a shared head leased by one of its holders, a cached twin adopted). ``first`` orders the marks
+    lazily (an entry whose block is no longer marked is skipped)."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], lru: Callable[[], dict[int, float]] = dict) -> None:
+        """``lru``: the manager's LRU list (inactive block hash -> its lease end, :data:`NO_LEASE` or :data:`MARK`)."""
         self.clock = clock
-        self.leases: dict[int, float] = {}     # block hash -> when its lease ends (_Strong: a tool wait), or _MARK
+        self._lru = lru
+        self.active: dict[int, float] = {}     # leases and marks of blocks in use
         self.first: dict[int, None] = {}       # marked block hashes in marking order (and stale entries)
+        self.used = False                      # a lease or mark was granted (since the last clear)
         self.stats = RetentionStats()
         # (LRU epoch, earliest end): at that epoch of the caller's LRU list every block in it held a strong lease
         # ending no earlier (blocks only left it since: the epoch moves when one enters or moves)
@@ -165,38 +173,60 @@ class Retention:
     @property
     def held_blocks(self) -> int:
         """Blocks under a lease (some may have expired and not been looked at since)."""
-        leases = self.leases
-        return len(leases) - sum(map(is_, leases.values(), repeat(_MARK))) if self.first else len(leases)
+        return sum(map(NO_LEASE.__lt__, chain(self._lru().values(), self.active.values())))
 
-    def retain(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> None:
-        """A sequence holding ``hashes`` ended: lease them for ``hold_s`` seconds (``strong``: a tool wait), or
-        mark them ``first``."""
-        stats, leases = self.stats, self.leases
+    def grant(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> float:
+        """The value a sequence's blocks ``hashes`` take when it ends with a hint: a lease for ``hold_s`` seconds
+        (``strong``: a tool wait), or :data:`MARK` (``first``); counted, marks ordered (not set: see
+        :meth:`released`, :meth:`retain`)."""
+        self.used = True
+        stats = self.stats
         if first:
             marks = self.first
             if marks:  # blocks marked already keep their place; the others go to the end
-                again = list(compress(hashes, map(is_not, map(leases.get, hashes), repeat(_MARK))))
+                lru, active = self._lru(), self.active
+                again = [h for h in hashes if not _marked(lru, active, h)]
                 deque(map(marks.pop, again, repeat(None)), maxlen=0)
             marks.update(zip(hashes, repeat(None)))
-            leases.update(zip(hashes, repeat(_MARK)))
             stats.marked_blocks += len(hashes)
-            return
-        end = self.clock() + hold_s
-        leases.update(zip(hashes, repeat(_Strong(end) if strong else end)))
+            return MARK
         stats.leases += 1
         stats.leased_blocks += len(hashes)
+        end = self.clock() + hold_s
+        return _Strong(end) if strong else end
 
-    def reused(self, hashes: list[int]) -> None:
-        """An admission took ``hashes``: their leases and marks end; leased ones count as lease hits."""
-        if self.leases:
-            ends = list(map(self.leases.pop, hashes, repeat(_NO_LEASE)))
-            if ends.count(_NO_LEASE) != len(ends):
-                live = sum(map(self.clock().__lt__, ends))
-                if live:
-                    self.stats.hits += 1
-                    self.stats.hit_blocks += live
+    def retain(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> None:
+        """Lease ``hashes`` (blocks in use or inactive) for ``hold_s`` seconds (``strong``: a tool wait), or mark
+        them ``first``."""
+        value = self.grant(hashes, hold_s, first, strong)
+        lru = self._lru()
+        inactive = list(filter(lru.__contains__, hashes))
+        lru.update(zip(inactive, repeat(value)))
+        self.active.update((h, value) for h in hashes if h not in lru)
+        self._sealed = None
 
-    def victims(self, lru: dict[int, None], evict: int, epoch: int = -1) -> tuple[list[int], bool]:
+    def released(self, blocks: Iterable[int], lease: float | None) -> Iterable[float]:
+        """The LRU values of ``blocks`` going inactive, in that order: ``lease`` (a hint's :meth:`grant`), or
+        without one what each held while in use."""
+        active = self.active
+        if lease is not None:
+            if active:
+                deque(map(active.pop, blocks, repeat(None)), maxlen=0)
+            return repeat(lease)
+        return list(map(active.pop, blocks, repeat(NO_LEASE))) if active else repeat(NO_LEASE)
+
+    def reused(self, ends: list[float], held: list[int]) -> None:
+        """An admission took inactive blocks whose values were ``ends`` and blocks in use ``held``: their leases and
+        marks end; leased ones count as lease hits."""
+        if self.active and held:
+            ends += map(self.active.pop, held, repeat(NO_LEASE))
+        if ends.count(NO_LEASE) != len(ends):
+            live = sum(map(self.clock().__lt__, ends))
+            if live:
+                self.stats.hits += 1
+                self.stats.hit_blocks += live
+
+    def victims(self, lru: dict[int, float], evict: int, epoch: int = -1) -> tuple[list[int], bool]:
         """:func:`choose_victims` on this manager's leases and marks; and whether blocks passed over moved.
 
         ``epoch``: the caller's count of blocks entering or moving in ``lru`` (-1: unknown). Under KV pressure
@@ -206,20 +236,20 @@ class Retention:
         now = self.clock()
         sealed = self._sealed
         if sealed is not None and sealed[0] == epoch >= 0 and now < sealed[1]:
-            _drop_stale_marks(self.leases, self.first)
+            _drop_stale_marks(lru, self.active, self.first)
             if not self.first:
                 victims = list(islice(lru, evict))
-                deque(map(self.leases.pop, victims), maxlen=0)
                 self.stats.broken_blocks += len(victims)
                 return victims, False
         newest = next(reversed(lru), None)
         ends: list[float] = []
-        victims = choose_victims(lru, self.leases, self.first, now, evict, self.stats, ends)
+        victims = choose_victims(lru, self.active, self.first, now, evict, self.stats, ends)
         moved = next(reversed(lru), None) != newest
         self._sealed = (epoch + moved, ends[0]) if ends and epoch >= 0 else None
         return victims, moved
 
     def clear(self) -> None:
-        self.leases.clear()
+        self.active.clear()
         self.first.clear()
+        self.used = False
         self._sealed = None
