@@ -79,7 +79,11 @@ def choose_victims(lru: dict[int, float], active: dict[int, float], first: dict[
     (appended) the earliest lease end when every block of ``lru`` holds a live strong lease (see
     :meth:`Retention.victims`)."""
     _drop_stale_marks(lru, active, first)
-    if not first:  # the usual case: none of the least recently used blocks is leased
+    if not first and evict == 1:  # a decode's new block: the first block under no live lease, a few leased passed
+        victim = _first_free(lru, now, stats)
+        if victim is not None:
+            return [victim]
+    elif not first:  # the usual case: none of the least recently used blocks is leased
         oldest = list(islice(lru, evict))
         if list(islice(lru.values(), evict)).count(NO_LEASE) == evict:
             return oldest
@@ -110,6 +114,25 @@ def choose_victims(lru: dict[int, float], active: dict[int, float], first: dict[
         ends = list(map(lru.pop, kept))
         lru.update(zip(kept, ends, strict=True))
     return victims
+
+
+def _first_free(lru: dict[int, float], now: float, stats: RetentionStats, most: int = 64) -> int | None:
+    """:func:`choose_victims` of one block, without marks, when one of the ``most`` oldest blocks is under no live
+    lease (None, nothing changed: there is none)."""
+    kept: list[int] = []
+    for h, end in lru.items():
+        if now >= end:
+            break
+        if len(kept) == most:
+            return None
+        kept.append(h)
+    else:
+        return None
+    if end != NO_LEASE:
+        stats.expired_blocks += 1
+    if kept:
+        lru.update(zip(kept, list(map(lru.pop, kept)), strict=True))
+    return h
 
 
 def _marked(lru: dict[int, float], active: dict[int, float], h: int) -> bool:
