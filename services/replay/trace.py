@@ -66,11 +66,13 @@ def _block_range(h: int, trace_block: int, most: int) -> range:
 
 @dataclass(frozen=True)
 class _Kept:
-    """A kept prompt's whole trace blocks: their hash ids, token pieces and chained block hashes."""
+    """A kept prompt's whole trace blocks: their hash ids, and the lists of its token pieces and chained block
+    hashes, whose first ``len(ids)`` pieces and ``len(ids) * trace_block // block_size`` hashes are theirs (the
+    lists are the prompt's own, which grow past them: only ever appended to)."""
 
     ids: tuple[int, ...]
-    pieces: tuple[Sequence[int], ...]
-    hashes: tuple[int, ...]
+    pieces: list[Sequence[int]]
+    hashes: list[int]
 
 
 class PromptTokens(Sequence[int]):
@@ -143,7 +145,7 @@ class TracePrompts:
     """
 
     def __init__(self, block_size: int, trace_block: int = TRACE_BLOCK, max_blocks: int = 4096,
-                 max_prompts: int = 64) -> None:
+                 max_prompts: int = 512) -> None:
         self.block_size = block_size
         self.trace_block = trace_block
         self.max_blocks = max_blocks
@@ -179,12 +181,12 @@ class TracePrompts:
         for k in range(len(ids), 0, -1):
             kept = self._prompts.get(ids[k - 1])
             if kept is not None and len(kept.ids) == k and kept.ids == ids[:k]:
-                pieces, hashes = list(kept.pieces), list(kept.hashes)
+                pieces, hashes = kept.pieces[:k], kept.hashes[: k * (self.trace_block // self.block_size)]
                 break
         for h in ids[len(pieces) :]:
             self._add_block(h, pieces, hashes)
         if ids:
-            self._prompts[ids[-1]] = _Kept(ids, tuple(pieces), tuple(hashes))
+            self._prompts[ids[-1]] = _Kept(ids, pieces, hashes)
             self._prompts.move_to_end(ids[-1])
             if len(self._prompts) > self.max_prompts:
                 self._prompts.popitem(last=False)
