@@ -254,9 +254,11 @@ class BlockManager:
         held = next(compress(count(), map(inactive.__contains__, prefix)), len(prefix))
         if held and not all(map(full.__contains__, prefix[:held])):
             held = run = 0
-        else:
-            newest = list(islice(reversed(inactive), len(prefix) - held)) if held < len(prefix) else []
+        elif held < len(prefix) and next(reversed(inactive)) == prefix[held]:  # (not read when it cannot match)
+            newest = list(islice(reversed(inactive), len(prefix) - held))
             run = common_prefix(prefix[held:] if held else prefix, newest)
+        else:
+            run = 0
         rest = prefix[held + run:] if held or run else prefix
         # C-speed scans from there on. Past the held head a cached block is inactive (its holders would hold the
         # head's inactive block too), so one scan of the LRU list finds them; should it stop at a cached block
