@@ -401,18 +401,19 @@ class BlockManager:
         head = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
         rest = hashes[head:] if head else hashes
         if not shared or shared.keys().isdisjoint(rest):  # the usual case
-            inactive.update(zip(reversed(rest), retention.released(reversed(rest), lease), strict=False))  # tail 1st
+            values = retention.released(reversed(rest), len(rest), lease)
+            inactive.update(zip(reversed(rest), values, strict=False))  # tail first
             if head:  # those stay active with one holder less
                 if lease is not None:
-                    retention.active.update(zip(hashes[:head], repeat(lease)))
+                    retention.hold_active(hashes[:head], lease)
                 self._one_holder_less(hashes[:head], list(map(shared.__getitem__, hashes[:head])))
         else:  # shared blocks past a gap (only a hash collision could make one): block by block, in bulk
             order = hashes[::-1]
             others = list(map(shared.get, order, repeat(0)))
             going = list(compress(order, map(not_, others)))
-            inactive.update(zip(going, retention.released(going, lease), strict=False))
+            inactive.update(zip(going, retention.released(going, len(going), lease), strict=False))
             if lease is not None:
-                retention.active.update(zip(compress(order, others), repeat(lease)))
+                retention.hold_active(list(compress(order, others)), lease)
             self._one_holder_less(order, others)
         if seq.hashes:
             self._lru_epoch += 1

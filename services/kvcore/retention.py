@@ -13,7 +13,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, count, islice, repeat
+from itertools import compress, count, islice, repeat
 from operator import and_, ne, not_
 
 # Tool-call start markers that are one token in their models' vocabularies (Hermes/Qwen, Llama 3, Nemotron,
@@ -188,6 +188,7 @@ class Retention:
         self.active: dict[int, float] = {}     # leases and marks of blocks in use
         self.first: dict[int, None] = {}       # marked block hashes in marking order (and stale entries)
         self.used = False                      # a lease or mark was granted (since the last clear)
+        self.leased = 0                        # blocks (inactive or in use) under a lease
         self.stats = RetentionStats()
         # (LRU epoch, earliest end): at that epoch of the caller's LRU list every block in it held a strong lease
         # ending no earlier (blocks only left it since: the epoch moves when one enters or moves)
@@ -196,7 +197,7 @@ class Retention:
     @property
     def held_blocks(self) -> int:
         """Blocks under a lease (some may have expired and not been looked at since)."""
-        return sum(map(NO_LEASE.__lt__, chain(self._lru().values(), self.active.values())))
+        return self.leased
 
     def grant(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> float:
         """The value a sequence's blocks ``hashes`` take when it ends with a hint: a lease for ``hold_s`` seconds
@@ -222,28 +223,42 @@ class Retention:
         """Lease ``hashes`` (blocks in use or inactive) for ``hold_s`` seconds (``strong``: a tool wait), or mark
         them ``first``."""
         value = self.grant(hashes, hold_s, first, strong)
-        lru = self._lru()
+        lru, active = self._lru(), self.active
+        before = [lru[h] if h in lru else active.get(h, NO_LEASE) for h in hashes]
+        self.leased += (len(hashes) if value > NO_LEASE else 0) - (len(before) - before.count(NO_LEASE))
         inactive = list(filter(lru.__contains__, hashes))
         lru.update(zip(inactive, repeat(value)))
         self.active.update((h, value) for h in hashes if h not in lru)
         self._sealed = None
 
-    def released(self, blocks: Iterable[int], lease: float | None) -> Iterable[float]:
-        """The LRU values of ``blocks`` going inactive, in that order: ``lease`` (a hint's :meth:`grant`), or
-        without one what each held while in use."""
+    def released(self, blocks: Iterable[int], count: int, lease: float | None) -> Iterable[float]:
+        """The LRU values of ``blocks`` (``count`` of them) going inactive, in that order: ``lease`` (a hint's
+        :meth:`grant`), or without one what each held while in use."""
         active = self.active
         if lease is not None:
             if active:
-                deque(map(active.pop, blocks, repeat(None)), maxlen=0)
+                gone = list(map(active.pop, blocks, repeat(NO_LEASE)))
+                self.leased -= len(gone) - gone.count(NO_LEASE)  # (a mark reads as NO_LEASE: -inf)
+            if lease > NO_LEASE:
+                self.leased += count
             return repeat(lease)
         return list(map(active.pop, blocks, repeat(NO_LEASE))) if active else repeat(NO_LEASE)
+
+    def hold_active(self, blocks: list[int], lease: float) -> None:
+        """``blocks`` stay in use (other sequences hold them) and take ``lease``."""
+        active = self.active
+        before = list(map(active.get, blocks, repeat(NO_LEASE)))
+        self.leased += (len(blocks) if lease > NO_LEASE else 0) - (len(before) - before.count(NO_LEASE))
+        active.update(zip(blocks, repeat(lease)))
 
     def reused(self, ends: list[float], held: list[int]) -> None:
         """An admission took inactive blocks whose values were ``ends`` and blocks in use ``held``: their leases and
         marks end; leased ones count as lease hits."""
         if self.active and held:
             ends += map(self.active.pop, held, repeat(NO_LEASE))
-        if ends.count(NO_LEASE) != len(ends):
+        unleased = ends.count(NO_LEASE)
+        if unleased != len(ends):
+            self.leased -= len(ends) - unleased
             live = sum(map(self.clock().__lt__, ends))
             if live:
                 self.stats.hits += 1
@@ -256,17 +271,20 @@ class Retention:
         every inactive block may be leased: then each eviction would scan them all to break the oldest leases.
         When a scan found so, and since then blocks only left the list (same epoch) and no lease ended, the
         answer is the same without the scan: the list's oldest blocks, nothing moved."""
-        now = self.clock()
+        now, stats = self.clock(), self.stats
         sealed = self._sealed
         if sealed is not None and sealed[0] == epoch >= 0 and now < sealed[1]:
             _drop_stale_marks(lru, self.active, self.first)
             if not self.first:
                 victims = list(islice(lru, evict))
-                self.stats.broken_blocks += len(victims)
+                stats.broken_blocks += len(victims)
+                self.leased -= len(victims)
                 return victims, False
         newest = next(reversed(lru), None)
         ends: list[float] = []
-        victims = choose_victims(lru, self.active, self.first, now, evict, self.stats, ends)
+        gone = stats.expired_blocks + stats.broken_blocks
+        victims = choose_victims(lru, self.active, self.first, now, evict, stats, ends)
+        self.leased -= stats.expired_blocks + stats.broken_blocks - gone  # the leased victims
         moved = next(reversed(lru), None) != newest
         self._sealed = (epoch + moved, ends[0]) if ends and epoch >= 0 else None
         return victims, moved
@@ -275,4 +293,5 @@ class Retention:
         self.active.clear()
         self.first.clear()
         self.used = False
+        self.leased = 0
         self._sealed = None
