@@ -489,7 +489,7 @@ class BlockManager:
                 raise KeyError("no free or inactive block left")  # callers check available_blocks first
             lru = self._lru  # its oldest end: a detached run (the newest end) may stay
             if self.retention.used:  # passed-over leased blocks moved: probes look again
-                victims, moved = self.retention.victims(self._inactive, evict, self._lru_epoch)
+                victims, moved = self.retention.victims(self._inactive, evict)
                 self._lru_epoch += moved
             else:
                 victims = list(islice(lru, evict))

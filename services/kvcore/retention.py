@@ -190,9 +190,9 @@ class Retention:
         self.used = False                      # a lease or mark was granted (since the last clear)
         self.leased = 0                        # blocks (inactive or in use) under a lease
         self.stats = RetentionStats()
-        # (LRU epoch, earliest end): at that epoch of the caller's LRU list every block in it held a strong lease
-        # ending no earlier (blocks only left it since: the epoch moves when one enters or moves)
-        self._sealed: tuple[int, float] | None = None
+        # every inactive block holds a strong lease ending no earlier than this (None: not known so): a scan found
+        # so, and every block that went inactive since came with one (see :meth:`victims`)
+        self._sealed: float | None = None
 
     @property
     def held_blocks(self) -> int:
@@ -235,6 +235,8 @@ class Retention:
         """The LRU values of ``blocks`` (``count`` of them) going inactive, in that order: ``lease`` (a hint's
         :meth:`grant`), or without one what each held while in use."""
         active = self.active
+        if count and self._sealed is not None:  # blocks under no strong lease would break it
+            self._sealed = min(self._sealed, lease) if isinstance(lease, _Strong) else None
         if lease is not None:
             if active:
                 gone = list(map(active.pop, blocks, repeat(NO_LEASE)))
@@ -264,16 +266,16 @@ class Retention:
                 self.stats.hits += 1
                 self.stats.hit_blocks += live
 
-    def victims(self, lru: dict[int, float], evict: int, epoch: int = -1) -> tuple[list[int], bool]:
+    def victims(self, lru: dict[int, float], evict: int) -> tuple[list[int], bool]:
         """:func:`choose_victims` on this manager's leases and marks; and whether blocks passed over moved.
 
-        ``epoch``: the caller's count of blocks entering or moving in ``lru`` (-1: unknown). Under KV pressure
-        every inactive block may be leased: then each eviction would scan them all to break the oldest leases.
-        When a scan found so, and since then blocks only left the list (same epoch) and no lease ended, the
-        answer is the same without the scan: the list's oldest blocks, nothing moved."""
+        Under KV pressure every inactive block may be leased: then each eviction would scan them all to break the
+        oldest leases. When a scan found every one under a strong lease, and since then only blocks under a strong
+        lease went inactive (:meth:`released`) and no lease ended, the answer is the same without the scan: the
+        list's oldest blocks, nothing moved."""
         now, stats = self.clock(), self.stats
         sealed = self._sealed
-        if sealed is not None and sealed[0] == epoch >= 0 and now < sealed[1]:
+        if sealed is not None and now < sealed:
             _drop_stale_marks(lru, self.active, self.first)
             if not self.first:
                 victims = list(islice(lru, evict))
@@ -286,7 +288,7 @@ class Retention:
         victims = choose_victims(lru, self.active, self.first, now, evict, stats, ends)
         self.leased -= stats.expired_blocks + stats.broken_blocks - gone  # the leased victims
         moved = next(reversed(lru), None) != newest
-        self._sealed = (epoch + moved, ends[0]) if ends and epoch >= 0 else None
+        self._sealed = ends[0] if ends else None
         return victims, moved
 
     def clear(self) -> None:
