@@ -258,6 +258,15 @@ class Retention:
         marks end; leased ones count as lease hits."""
         if self.active and held:
             ends += map(self.active.pop, held, repeat(NO_LEASE))
+        if not ends:
+            return
+        if ends.count(ends[0]) == len(ends):  # the usual case: one lease (or none), its blocks' values the same object
+            if ends[0] > NO_LEASE:
+                self.leased -= len(ends)
+                if self.clock() < ends[0]:
+                    self.stats.hits += 1
+                    self.stats.hit_blocks += len(ends)
+            return
         unleased = ends.count(NO_LEASE)
         if unleased != len(ends):
             self.leased -= len(ends) - unleased

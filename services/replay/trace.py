@@ -85,10 +85,11 @@ class PromptTokens(Sequence[int]):
 
     __slots__ = ("_len", "_piece", "_pieces")
 
-    def __init__(self, pieces: list[Sequence[int]], piece: int) -> None:
+    def __init__(self, pieces: list[Sequence[int]], piece: int, length: int | None = None) -> None:
+        """``length``: the pieces' total length, when the caller knows it."""
         self._pieces = pieces
         self._piece = piece
-        self._len = sum(map(len, pieces))
+        self._len = sum(map(len, pieces)) if length is None else length
 
     def __len__(self) -> int:
         return self._len
@@ -171,7 +172,7 @@ class TracePrompts:
             tail.extend(req._padding(n - start - len(tail)))
             hashes.extend(chain_hashes(hashes[-1] if hashes else None, tail, bs, SEED))
             pieces.append(tail)
-        return PromptTokens(pieces, tb), hashes
+        return PromptTokens(pieces, tb, n), hashes  # (the pieces hold exactly ``n`` tokens)
 
     def _whole_blocks(self, ids: tuple[int, ...]) -> tuple[list[Sequence[int]], list[int]]:
         """The pieces (block tuples) and chained hashes of the whole trace blocks ``ids``: from the longest kept
