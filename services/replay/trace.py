@@ -145,8 +145,8 @@ class TracePrompts:
     trace block hashes the whole prompt instead.
     """
 
-    def __init__(self, block_size: int, trace_block: int = TRACE_BLOCK, max_blocks: int = 4096,
-                 max_prompts: int = 512) -> None:
+    def __init__(self, block_size: int, trace_block: int = TRACE_BLOCK, max_blocks: int = 256,
+                 max_prompts: int = 1024) -> None:
         self.block_size = block_size
         self.trace_block = trace_block
         self.max_blocks = max_blocks
