@@ -39,7 +39,7 @@ from operator import add, eq, gt, not_, sub
 from services.common.block_hash import chain, extend_hashes, local_block_hashes, sequence_hashes
 from services.common.sequences import common_prefix
 from services.kvcore.domain import KvCleared, KvEvent, KvRemoved, KvStored, StoredBlock, stored_blocks
-from services.kvcore.retention import Retention
+from services.kvcore.retention import MARK, NO_LEASE, Retention
 from services.kvcore.sequence import KvSequence, PartialBlock
 
 
@@ -105,7 +105,7 @@ class BlockManager:
         # whole prefix moves in and out of it at once); first = least recently used, a move = pop + insert.
         # Its newest ``_detached`` entries are not in the list any more: an admission took them (see
         # ``_inactive``).
-        self._lru: dict[int, None] = {}
+        self._lru: dict[int, float] = {}  # values: retention's lease ends (NO_LEASE: none)
         self._detached = 0
         self._next_event_id = 1
         self._lru_epoch = 0                 # bumped whenever a block enters the LRU list or moves in it
@@ -113,7 +113,7 @@ class BlockManager:
         self._watch = _NO_WATCH             # its inactive prefix blocks: one leaving the list voids it
         self.pending_events: list[KvEvent] = []
         self._on_event = on_event if on_event is not None else self.pending_events.append
-        self.retention = Retention(clock)  # leases and evict-first marks, on ``clock`` (seconds)
+        self.retention = Retention(clock, lambda: self._inactive)  # leases and marks, on ``clock`` (seconds)
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -128,7 +128,7 @@ class BlockManager:
         return len(self._lru) - self._detached
 
     @property
-    def _inactive(self) -> dict[int, None]:
+    def _inactive(self) -> dict[int, float]:
         """The LRU list, exactly. An admission that takes the list's newest run (a session's next turn takes
         what its previous turn freed: thousands of blocks for a long prompt) only marks that run detached;
         it leaves the dict here, on the next use of the list, so a turn's first token does not wait for
@@ -213,16 +213,19 @@ class BlockManager:
             held += compress(rest, map(not_, unheld))
         if held:  # one more holder each
             shared.update(zip(held, map(add, map(shared.get, held, repeat(0)), repeat(1)), strict=True))
+        if self.retention.used:  # the leases and marks of the blocks taken end (live ones count as hits)
+            ends = list(map(inactive.pop, leaving, repeat(NO_LEASE)))
+            ends += islice(reversed(inactive.values()), newest)
+            self.retention.reused(ends, held)
+        elif leaving:
+            deque(map(inactive.pop, leaving, repeat(NO_LEASE)), maxlen=0)
         if newest:  # still the list's newest entries (the probe holds): they leave it later (_inactive)
             self._detached = newest
         if leaving or newest:
-            deque(map(inactive.pop, leaving, repeat(None)), maxlen=0)
             if probe is not None:
                 self._void_probe()  # it was this sequence's, now admitted
             elif self._watch and not self._watch.isdisjoint(leaving):  # (no probe: no newest run either)
                 self._void_probe()
-        if self.retention.leases or self.retention.first:
-            self.retention.reused(hashes)
         seq.hashes = hashes
         seq.length = len(hashes) * self.block_size
         seq.tail = []
@@ -251,13 +254,23 @@ class BlockManager:
         held = next(compress(count(), map(inactive.__contains__, prefix)), len(prefix))
         if held and not all(map(full.__contains__, prefix[:held])):
             held = run = 0
-        else:
-            newest = list(islice(reversed(inactive), len(prefix) - held)) if held < len(prefix) else []
+        elif held < len(prefix) and next(reversed(inactive)) == prefix[held]:  # (not read when it cannot match)
+            newest = list(islice(reversed(inactive), len(prefix) - held))
             run = common_prefix(prefix[held:] if held else prefix, newest)
+        else:
+            run = 0
         rest = prefix[held + run:] if held or run else prefix
-        hits = len(list(takewhile(full.__contains__, rest)))  # C-speed scans from there on
+        # C-speed scans from there on. Past the held head a cached block is inactive (its holders would hold the
+        # head's inactive block too), so one scan of the LRU list finds them; should it stop at a cached block
+        # (a hash collision breaks that), both scans run.
+        hits = len(list(takewhile(inactive.__contains__, rest)))
+        if hits < len(rest) and rest[hits] in full:
+            hits = len(list(takewhile(full.__contains__, rest)))
+            watched = list(filter(inactive.__contains__, rest[:hits]))
+        else:
+            watched = rest[:hits]
         matched = held + run + hits
-        self._watch = _Watch(prefix[held : held + run] + list(filter(inactive.__contains__, rest[:hits])))
+        self._watch = _Watch(prefix[held : held + run] + watched)
         self._probe = _Probe(seq, limit, matched, self._lru_epoch, held, run)
         return matched, len(self._watch)
 
@@ -287,8 +300,7 @@ class BlockManager:
             return  # its inactive blocks are still the most recently used ones, in that order
         inactive = self._inactive
         moved = list(filter(inactive.__contains__, reversed(seq.known[:matched])))
-        deque(map(inactive.pop, moved), maxlen=0)  # each to the end, in this order
-        inactive.update(zip(moved, repeat(None)))
+        inactive.update(zip(moved, list(map(inactive.pop, moved)), strict=True))  # each to the end, in this order
         self._lru_epoch += 1
         if last is not None and last.seq is seq and last.matched == matched:
             last.epoch, last.touched = self._lru_epoch, True
@@ -382,22 +394,30 @@ class BlockManager:
         """Drop ``seq``'s references: full blocks become inactive (tail first in LRU order); ``hold_s`` > 0 leases
         them for that many seconds (``strong``: a tool wait), ``first`` marks those no other sequence holds to go
         first (``retention.py``)."""
-        shared, inactive = self._shared, self._inactive
+        shared, inactive, retention = self._shared, self._inactive, self.retention
         hashes = seq.hashes
         # Blocks other sequences hold too lead (a block's holders hold its whole chain): a shared head, found
         # by looking up only its own blocks, then a rest with this holder alone, checked in one C pass.
         head = len(list(takewhile(shared.__contains__, hashes))) if shared else 0
         rest = hashes[head:] if head else hashes
-        if hashes and (hold_s > 0 or first):
-            self.retention.retain(rest if first else hashes, hold_s, first, strong)
+        # a mark spares the blocks a running request still holds (a sub-agent shares its harness's head)
+        lease = retention.grant(rest if first else hashes, hold_s, first, strong) \
+            if hashes and (hold_s > 0 or first) else None
+        kept = None if first else lease  # what the blocks other sequences still hold take when they are freed
         if not shared or shared.keys().isdisjoint(rest):  # the usual case
-            inactive.update(zip(reversed(rest), repeat(None)))  # into the LRU list tail first (none is in it)
+            values = retention.released(reversed(rest), len(rest), lease)
+            inactive.update(zip(reversed(rest), values, strict=False))  # tail first
             if head:  # those stay active with one holder less
+                if kept is not None:
+                    retention.hold_active(hashes[:head], kept)
                 self._one_holder_less(hashes[:head], list(map(shared.__getitem__, hashes[:head])))
         else:  # shared blocks past a gap (only a hash collision could make one): block by block, in bulk
             order = hashes[::-1]
             others = list(map(shared.get, order, repeat(0)))
-            inactive.update(zip(compress(order, map(not_, others)), repeat(None)))
+            going = list(compress(order, map(not_, others)))
+            inactive.update(zip(going, retention.released(going, len(going), lease), strict=False))
+            if kept is not None:
+                retention.hold_active(list(compress(order, others)), kept)
             self._one_holder_less(order, others)
         if seq.hashes:
             self._lru_epoch += 1
@@ -437,7 +457,9 @@ class BlockManager:
 
     def _ref(self, block_hash: int) -> None:
         if block_hash in self._inactive:
-            del self._inactive[block_hash]
+            lease = self._inactive.pop(block_hash)
+            if lease is MARK or lease > NO_LEASE:  # an adopted twin keeps its lease while in use
+                self.retention.active[block_hash] = lease
             if block_hash in self._watch:
                 self._void_probe()
         else:
@@ -446,7 +468,7 @@ class BlockManager:
     def _take_block_id(self, removed: list[int]) -> int:
         if self._free_ids:
             return self._free_ids.pop()
-        if self.retention.leases or self.retention.first:
+        if self.retention.used:
             return self._take_block_ids(1, removed)[0]
         if not self.cached_blocks:
             raise KeyError("no free or inactive block left")  # callers check available_blocks first
@@ -470,7 +492,7 @@ class BlockManager:
             if evict > self.cached_blocks:
                 raise KeyError("no free or inactive block left")  # callers check available_blocks first
             lru = self._lru  # its oldest end: a detached run (the newest end) may stay
-            if self.retention.leases or self.retention.first:  # passed-over leased blocks moved: probes look again
+            if self.retention.used:  # passed-over leased blocks moved: probes look again
                 victims, moved = self.retention.victims(self._inactive, evict)
                 self._lru_epoch += moved
             else:

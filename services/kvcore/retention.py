@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, count, islice, repeat
 from operator import and_, ne, not_
@@ -68,52 +68,108 @@ class RetentionStats:
     marked_blocks: int = 0       # blocks marked to go first
 
 
-def choose_victims(lru: dict[int, None], leases: dict[int, float], strong: dict[int, None], first: dict[int, None],
-                   now: float, evict: int, stats: RetentionStats) -> list[int]:
-    """The ``evict`` inactive blocks to evict (``lru``: oldest first; it holds at least ``evict``). Leases and
-    marks of the victims end; leased blocks passed over move to ``lru``'s newest end (still inactive)."""
-    if not first:  # the usual case: none of the least recently used blocks is leased
+class _Strong(float):
+    """A strong lease's end (a tool wait): a float, so scans compare it at C speed."""
+
+    __slots__ = ()
+
+
+NO_LEASE = -math.inf   # an inactive block's value in the LRU list when it is under no lease
+MARK = float("-inf")   # the value of a block marked to go first (told apart by identity; never live, never expired)
+
+
+def choose_victims(lru: dict[int, float], active: dict[int, float], first: dict[int, None], now: float, evict: int,
+                   stats: RetentionStats, sealed: list[float] | None = None) -> list[int]:
+    """The ``evict`` inactive blocks to evict (``lru``: oldest first, each block's lease end, :data:`NO_LEASE` or
+    :data:`MARK`; it holds at least ``evict``); they leave with their leases and marks. Leased blocks passed over
+    move to ``lru``'s newest end (still inactive). ``active``: leases and marks of blocks in use; ``first``: the
+    marked blocks in marking order, and stale entries (no longer marked) that are skipped. ``sealed``: told
+    (appended) the earliest lease end when every block of ``lru`` holds a live strong lease (see
+    :meth:`Retention.victims`)."""
+    _drop_stale_marks(lru, active, first)
+    if not first and evict == 1:  # a decode's new block: the first block under no live lease, a few leased passed
+        victim = _first_free(lru, now, stats)
+        if victim is not None:
+            return [victim]
+    elif not first:  # the usual case: none of the least recently used blocks is leased
         oldest = list(islice(lru, evict))
-        if leases.keys().isdisjoint(oldest):
+        if list(islice(lru.values(), evict)).count(NO_LEASE) == evict:
             return oldest
     victims: list[int] = []
     while first and len(victims) < evict:
         h = next(iter(first))
         del first[h]
-        if h in lru:
-            victims.append(h)
-            leases.pop(h, None)
-            strong.pop(h, None)
+        value = lru.get(h)
+        if value is not None:
+            if value is MARK:
+                victims.append(h)
+        elif active.get(h) is MARK:  # in use: the mark ends
+            del active[h]
     kept: list[int] = []
     if len(victims) < evict:
-        _scan(lru, leases, strong, now, evict, victims, kept, stats)
+        _scan(lru, now, evict, victims, kept, stats)
     if len(victims) < evict:  # soft: leased blocks go too, plain leases before strong ones, each oldest first
-        order = [h for h in kept if h not in strong] + [h for h in kept if h in strong] if strong else kept
+        strong = [type(lru[h]) is _Strong for h in kept]
+        if sealed is not None and not victims and all(strong):  # the scan passed every block: all hold one
+            sealed.append(min(map(lru.__getitem__, kept)))
+        order = [*compress(kept, map(not_, strong)), *compress(kept, strong)] if any(strong) else kept
         broken = order[: evict - len(victims)]
         gone = set(broken)
         kept = [h for h in kept if h not in gone]
         victims += broken
-        deque(map(leases.pop, broken), maxlen=0)
-        deque(map(strong.pop, broken, repeat(None)), maxlen=0)
         stats.broken_blocks += len(broken)
     if kept:
-        deque(map(lru.pop, kept), maxlen=0)
-        lru.update(zip(kept, repeat(None)))
+        ends = list(map(lru.pop, kept))
+        lru.update(zip(kept, ends, strict=True))
     return victims
 
 
-def _scan(lru: dict[int, None], leases: dict[int, float], strong: dict[int, None], now: float, evict: int,
-          victims: list[int], kept: list[int], stats: RetentionStats) -> None:
+def _first_free(lru: dict[int, float], now: float, stats: RetentionStats, most: int = 64) -> int | None:
+    """:func:`choose_victims` of one block, without marks, when one of the ``most`` oldest blocks is under no live
+    lease (None, nothing changed: there is none)."""
+    kept: list[int] = []
+    for h, end in lru.items():
+        if now >= end:
+            break
+        if len(kept) == most:
+            return None
+        kept.append(h)
+    else:
+        return None
+    if end != NO_LEASE:
+        stats.expired_blocks += 1
+    if kept:
+        lru.update(zip(kept, list(map(lru.pop, kept)), strict=True))
+    return h
+
+
+def _marked(lru: dict[int, float], active: dict[int, float], h: int) -> bool:
+    value = lru.get(h)
+    return (value if value is not None else active.get(h)) is MARK
+
+
+def _drop_stale_marks(lru: dict[int, float], active: dict[int, float], first: dict[int, None]) -> None:
+    """Entries at the head of ``first`` whose block is no longer marked (reused or leased since) go."""
+    while first:
+        h = next(iter(first))
+        if _marked(lru, active, h):
+            return
+        del first[h]
+
+
+def _scan(lru: dict[int, float], now: float, evict: int, victims: list[int], kept: list[int],
+          stats: RetentionStats) -> None:
     """Extend ``victims`` to ``evict`` blocks in LRU order with blocks under no live lease (expired leases end);
     the leased blocks passed over go to ``kept``. In chunks, each checked in C passes (a lease-free block's end
-    reads as -inf)."""
+    reads as -inf; no block is marked by now)."""
     chosen = set(victims)
     blocks = (h for h in lru if h not in chosen) if chosen else iter(lru)
+    values = None if chosen else iter(lru.values())  # in step with ``blocks``
     while len(victims) < evict:
         chunk = list(islice(blocks, 2 * (evict - len(victims)) + 64))
         if not chunk:
             return
-        ends = list(map(leases.get, chunk, repeat(-math.inf)))
+        ends = list(map(lru.__getitem__, chunk)) if values is None else list(islice(values, len(chunk)))
         free = list(map(now.__ge__, ends))
         at = list(compress(count(), free))
         need = evict - len(victims)
@@ -122,67 +178,139 @@ def _scan(lru: dict[int, None], leases: dict[int, float], strong: dict[int, None
             chunk, ends, free = chunk[:cut], ends[:cut], free[:cut]
         victims += compress(chunk, free)
         kept += compress(chunk, map(not_, free))
-        expired = list(compress(chunk, map(and_, free, map(ne, ends, repeat(-math.inf)))))
-        if expired:
-            deque(map(leases.pop, expired), maxlen=0)
-            deque(map(strong.pop, expired, repeat(None)), maxlen=0)
-            stats.expired_blocks += len(expired)
+        stats.expired_blocks += sum(map(and_, free, map(ne, ends, repeat(NO_LEASE))))
 
 
 class Retention:
-    """One block manager's leases and evict-first marks, on its clock (seconds)."""
+    """One block manager's leases and evict-first marks, on its clock (seconds).
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    An inactive block's lease end (or mark) is its value in the manager's LRU list (``lru``), so a sequence's
+    lease or reuse costs no pass over its blocks beyond the list's own; blocks in use keep theirs in
+    ``active`` (a shared head leased by one of its holders, a cached twin adopted). ``first`` orders the marks
+    lazily (an entry whose block is no longer marked is skipped)."""
+
+    def __init__(self, clock: Callable[[], float], lru: Callable[[], dict[int, float]] = dict) -> None:
+        """``lru``: the manager's LRU list (inactive block hash -> its lease end, :data:`NO_LEASE` or :data:`MARK`)."""
         self.clock = clock
-        self.leases: dict[int, float] = {}     # block hash -> when its lease ends
-        self.strong: dict[int, None] = {}      # leased blocks whose lease is strong (a tool wait)
-        self.first: dict[int, None] = {}       # block hashes to evict before any other
+        self._lru = lru
+        self.active: dict[int, float] = {}     # leases and marks of blocks in use
+        self.first: dict[int, None] = {}       # marked block hashes in marking order (and stale entries)
+        self.used = False                      # a lease or mark was granted (since the last clear)
+        self.leased = 0                        # blocks (inactive or in use) under a lease
         self.stats = RetentionStats()
+        # every inactive block holds a strong lease ending no earlier than this (None: not known so): a scan found
+        # so, and every block that went inactive since came with one (see :meth:`victims`)
+        self._sealed: float | None = None
 
     @property
     def held_blocks(self) -> int:
         """Blocks under a lease (some may have expired and not been looked at since)."""
-        return len(self.leases)
+        return self.leased
 
-    def retain(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> None:
-        """A sequence holding ``hashes`` ended: lease them for ``hold_s`` seconds (``strong``: a tool wait), or
-        mark them ``first``."""
+    def grant(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> float:
+        """The value a sequence's blocks ``hashes`` take when it ends with a hint: a lease for ``hold_s`` seconds
+        (``strong``: a tool wait), or :data:`MARK` (``first``); counted, marks ordered (not set: see
+        :meth:`released`, :meth:`retain`)."""
+        self.used = True
         stats = self.stats
-        if first or not strong:
-            deque(map(self.strong.pop, hashes, repeat(None)), maxlen=0)
         if first:
-            self.first.update(zip(hashes, repeat(None)))
-            deque(map(self.leases.pop, hashes, repeat(None)), maxlen=0)
+            marks = self.first
+            if marks:  # blocks marked already keep their place; the others go to the end
+                lru, active = self._lru(), self.active
+                again = [h for h in hashes if not _marked(lru, active, h)]
+                deque(map(marks.pop, again, repeat(None)), maxlen=0)
+            marks.update(zip(hashes, repeat(None)))
             stats.marked_blocks += len(hashes)
-            return
-        self.leases.update(zip(hashes, repeat(self.clock() + hold_s)))
-        if strong:
-            self.strong.update(zip(hashes, repeat(None)))
-        if self.first:
-            deque(map(self.first.pop, hashes, repeat(None)), maxlen=0)
+            return MARK
         stats.leases += 1
         stats.leased_blocks += len(hashes)
+        end = self.clock() + hold_s
+        return _Strong(end) if strong else end
 
-    def reused(self, hashes: list[int]) -> None:
-        """An admission took ``hashes``: their leases and marks end; leased ones count as lease hits."""
-        if self.first:
-            deque(map(self.first.pop, hashes, repeat(None)), maxlen=0)
-        if self.leases and not self.leases.keys().isdisjoint(hashes):
-            if self.strong:
-                deque(map(self.strong.pop, hashes, repeat(None)), maxlen=0)
-            ends = list(map(self.leases.pop, hashes, repeat(-math.inf)))
+    def retain(self, hashes: list[int], hold_s: float, first: bool, strong: bool = False) -> None:
+        """Lease ``hashes`` (blocks in use or inactive) for ``hold_s`` seconds (``strong``: a tool wait), or mark
+        them ``first``."""
+        value = self.grant(hashes, hold_s, first, strong)
+        lru, active = self._lru(), self.active
+        before = [lru[h] if h in lru else active.get(h, NO_LEASE) for h in hashes]
+        self.leased += (len(hashes) if value > NO_LEASE else 0) - (len(before) - before.count(NO_LEASE))
+        inactive = list(filter(lru.__contains__, hashes))
+        lru.update(zip(inactive, repeat(value)))
+        self.active.update((h, value) for h in hashes if h not in lru)
+        self._sealed = None
+
+    def released(self, blocks: Iterable[int], count: int, lease: float | None) -> Iterable[float]:
+        """The LRU values of ``blocks`` (``count`` of them) going inactive, in that order: ``lease`` (a hint's
+        :meth:`grant`), or without one what each held while in use."""
+        active = self.active
+        if count and self._sealed is not None:  # blocks under no strong lease would break it
+            self._sealed = min(self._sealed, lease) if isinstance(lease, _Strong) else None
+        if lease is not None:
+            if active:
+                gone = list(map(active.pop, blocks, repeat(NO_LEASE)))
+                self.leased -= len(gone) - gone.count(NO_LEASE)  # (a mark reads as NO_LEASE: -inf)
+            if lease > NO_LEASE:
+                self.leased += count
+            return repeat(lease)
+        return list(map(active.pop, blocks, repeat(NO_LEASE))) if active else repeat(NO_LEASE)
+
+    def hold_active(self, blocks: list[int], lease: float) -> None:
+        """``blocks`` stay in use (other sequences hold them) and take ``lease``."""
+        active = self.active
+        before = list(map(active.get, blocks, repeat(NO_LEASE)))
+        self.leased += (len(blocks) if lease > NO_LEASE else 0) - (len(before) - before.count(NO_LEASE))
+        active.update(zip(blocks, repeat(lease)))
+
+    def reused(self, ends: list[float], held: list[int]) -> None:
+        """An admission took inactive blocks whose values were ``ends`` and blocks in use ``held``: their leases and
+        marks end; leased ones count as lease hits."""
+        if self.active and held:
+            ends += map(self.active.pop, held, repeat(NO_LEASE))
+        if not ends:
+            return
+        if ends.count(ends[0]) == len(ends):  # the usual case: one lease (or none), its blocks' values the same object
+            if ends[0] > NO_LEASE:
+                self.leased -= len(ends)
+                if self.clock() < ends[0]:
+                    self.stats.hits += 1
+                    self.stats.hit_blocks += len(ends)
+            return
+        unleased = ends.count(NO_LEASE)
+        if unleased != len(ends):
+            self.leased -= len(ends) - unleased
             live = sum(map(self.clock().__lt__, ends))
             if live:
                 self.stats.hits += 1
                 self.stats.hit_blocks += live
 
-    def victims(self, lru: dict[int, None], evict: int) -> tuple[list[int], bool]:
-        """:func:`choose_victims` on this manager's leases and marks; and whether blocks passed over moved."""
+    def victims(self, lru: dict[int, float], evict: int) -> tuple[list[int], bool]:
+        """:func:`choose_victims` on this manager's leases and marks; and whether blocks passed over moved.
+
+        Under KV pressure every inactive block may be leased: then each eviction would scan them all to break the
+        oldest leases. When a scan found every one under a strong lease, and since then only blocks under a strong
+        lease went inactive (:meth:`released`) and no lease ended, the answer is the same without the scan: the
+        list's oldest blocks, nothing moved."""
+        now, stats = self.clock(), self.stats
+        sealed = self._sealed
+        if sealed is not None and now < sealed:
+            _drop_stale_marks(lru, self.active, self.first)
+            if not self.first:
+                victims = list(islice(lru, evict))
+                stats.broken_blocks += len(victims)
+                self.leased -= len(victims)
+                return victims, False
         newest = next(reversed(lru), None)
-        victims = choose_victims(lru, self.leases, self.strong, self.first, self.clock(), evict, self.stats)
-        return victims, next(reversed(lru), None) != newest
+        ends: list[float] = []
+        gone = stats.expired_blocks + stats.broken_blocks
+        victims = choose_victims(lru, self.active, self.first, now, evict, stats, ends)
+        self.leased -= stats.expired_blocks + stats.broken_blocks - gone  # the leased victims
+        moved = next(reversed(lru), None) != newest
+        self._sealed = ends[0] if ends else None
+        return victims, moved
 
     def clear(self) -> None:
-        self.leases.clear()
-        self.strong.clear()
+        self.active.clear()
         self.first.clear()
+        self.used = False
+        self.leased = 0
+        self._sealed = None

@@ -66,11 +66,13 @@ def _block_range(h: int, trace_block: int, most: int) -> range:
 
 @dataclass(frozen=True)
 class _Kept:
-    """A kept prompt's whole trace blocks: their hash ids, token pieces and chained block hashes."""
+    """A kept prompt's whole trace blocks: their hash ids, and the lists of its token pieces and chained block
+    hashes, whose first ``len(ids)`` pieces and ``len(ids) * trace_block // block_size`` hashes are theirs (the
+    lists are the prompt's own, which grow past them: only ever appended to)."""
 
     ids: tuple[int, ...]
-    pieces: tuple[Sequence[int], ...]
-    hashes: tuple[int, ...]
+    pieces: list[Sequence[int]]
+    hashes: list[int]
 
 
 class PromptTokens(Sequence[int]):
@@ -83,10 +85,11 @@ class PromptTokens(Sequence[int]):
 
     __slots__ = ("_len", "_piece", "_pieces")
 
-    def __init__(self, pieces: list[Sequence[int]], piece: int) -> None:
+    def __init__(self, pieces: list[Sequence[int]], piece: int, length: int | None = None) -> None:
+        """``length``: the pieces' total length, when the caller knows it."""
         self._pieces = pieces
         self._piece = piece
-        self._len = sum(map(len, pieces))
+        self._len = sum(map(len, pieces)) if length is None else length
 
     def __len__(self) -> int:
         return self._len
@@ -142,8 +145,8 @@ class TracePrompts:
     trace block hashes the whole prompt instead.
     """
 
-    def __init__(self, block_size: int, trace_block: int = TRACE_BLOCK, max_blocks: int = 4096,
-                 max_prompts: int = 64) -> None:
+    def __init__(self, block_size: int, trace_block: int = TRACE_BLOCK, max_blocks: int = 256,
+                 max_prompts: int = 1024) -> None:
         self.block_size = block_size
         self.trace_block = trace_block
         self.max_blocks = max_blocks
@@ -169,7 +172,7 @@ class TracePrompts:
             tail.extend(req._padding(n - start - len(tail)))
             hashes.extend(chain_hashes(hashes[-1] if hashes else None, tail, bs, SEED))
             pieces.append(tail)
-        return PromptTokens(pieces, tb), hashes
+        return PromptTokens(pieces, tb, n), hashes  # (the pieces hold exactly ``n`` tokens)
 
     def _whole_blocks(self, ids: tuple[int, ...]) -> tuple[list[Sequence[int]], list[int]]:
         """The pieces (block tuples) and chained hashes of the whole trace blocks ``ids``: from the longest kept
@@ -179,12 +182,12 @@ class TracePrompts:
         for k in range(len(ids), 0, -1):
             kept = self._prompts.get(ids[k - 1])
             if kept is not None and len(kept.ids) == k and kept.ids == ids[:k]:
-                pieces, hashes = list(kept.pieces), list(kept.hashes)
+                pieces, hashes = kept.pieces[:k], kept.hashes[: k * (self.trace_block // self.block_size)]
                 break
         for h in ids[len(pieces) :]:
             self._add_block(h, pieces, hashes)
         if ids:
-            self._prompts[ids[-1]] = _Kept(ids, tuple(pieces), tuple(hashes))
+            self._prompts[ids[-1]] = _Kept(ids, pieces, hashes)
             self._prompts.move_to_end(ids[-1])
             if len(self._prompts) > self.max_prompts:
                 self._prompts.popitem(last=False)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import takewhile
+from itertools import islice, takewhile
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def _held_prefix(blocks: set[int], block_hashes: Sequence[int]) -> int:
             lo = mid
         else:
             hi = mid - 1
-    if blocks.issuperset(block_hashes[:lo]):
+    if blocks.issuperset(islice(block_hashes, lo)):  # (no copy of the prefix first)
         return lo
     return len(list(takewhile(blocks.__contains__, block_hashes)))
 

@@ -162,7 +162,7 @@ def _run(contains: Callable[[int], bool], block_hashes: Sequence[int], start: in
 
 def _count(counts: dict[int, int], blocks: Sequence[int]) -> None:
     if counts.keys().isdisjoint(blocks):  # the usual case, in C: none counted yet (a prompt's blocks are distinct)
-        counts.update(dict.fromkeys(blocks, 1))
+        counts.update(zip(blocks, repeat(1)))
         return
     for block in blocks:
         counts[block] = counts.get(block, 0) + 1
