@@ -102,9 +102,12 @@ def filler_seed(token_ids: Sequence[int] | bytes, seed: int, request_seed: int |
 class TokenSource:
     """The tokens one request will generate: scripted tokens, then EOS, then filler forever."""
 
-    def __init__(self, scripted: Sequence[int], eos: int | None, filler: FillerText) -> None:
+    def __init__(self, scripted: Sequence[int], eos: int | None, filler: FillerText, *,
+                 scripted_reply: bool | None = None) -> None:
+        """``scripted_reply``: the request has a scripted reply even when ``scripted`` is empty (a continuation
+        whose earlier attempt generated all of it: EOS comes next); by default, when ``scripted`` is not empty."""
         self._scripted = list(scripted)
-        if eos is not None and scripted:
+        if eos is not None and (scripted if scripted_reply is None else scripted_reply):
             self._scripted.append(eos)
         self._pos = 0
         self._filler = filler

@@ -58,6 +58,16 @@ async def test_a_continued_scripted_request_resumes_its_script(make_engine: Make
     assert tokens(fresh) == whole  # not a continuation: the whole script
 
 
+async def test_a_continuation_after_the_scripts_last_token_stops_at_once(make_engine: Make) -> None:
+    """The earlier worker died after the script's last token but before EOS: the continuation ends there (it
+    used to go on with filler text, an answer no clean run writes)."""
+    engine = await make_engine()
+    whole = tokens(await collect(engine, EngineRequest("w", prompt(), match_text="weather in Paris?")))
+    rest = await collect(engine, EngineRequest("c", prompt() + whole, match_text="weather in Paris?",
+                                               continued_tokens=len(whole)))
+    assert tokens(rest) == [] and rest[-1].finish_reason == "stop"
+
+
 async def test_a_continued_filler_request_goes_on_with_a_clean_runs_text(make_engine: Make) -> None:
     """A migrated request without a script line: the text after the migration is what a clean run writes next
     (the filler is seeded from the original prompt and advanced past the tokens already generated)."""

@@ -51,15 +51,16 @@ class MockerEngine(CoreEngine):
     def _new_request(self, checked: CheckedRequest) -> CoreRequest:
         request = checked.request
         scripted: list[int] = []
-        if self.script is not None:
-            entry = self.script.lookup(request.match_text)
-            if entry is not None:
-                scripted = self.model.tokenizer.encode(entry.completion, add_special_tokens=False).ids
-                scripted = resumed_script(scripted, request.token_ids, request.continued_tokens)
+        entry = self.script.lookup(request.match_text) if self.script is not None else None
+        if entry is not None:
+            scripted = self.model.tokenizer.encode(entry.completion, add_special_tokens=False).ids
+            scripted = resumed_script(scripted, request.token_ids, request.continued_tokens)
         eos = self.model.eos_token_ids[0] if self.model.eos_token_ids else None
         filler = self._filler(request.token_ids, request.continued_tokens, request.seed, request.packed)
-        return CoreRequest(checked, tokenizer=self.model.tokenizer, source=TokenSource(scripted, eos, filler),
-                           share_prompt=True)  # the prompt is never copied: nothing computes on its ids
+        # a continuation that resumes after the script's last token still ends there (EOS next, not filler)
+        source = TokenSource(scripted, eos, filler, scripted_reply=bool(scripted) or entry is not None)
+        # the prompt is never copied: nothing computes on its ids
+        return CoreRequest(checked, tokenizer=self.model.tokenizer, source=source, share_prompt=True)
 
     def _filler(self, prompt: Sequence[int], continued: int, request_seed: int | None,
                 packed: bytes = b"") -> FillerText:
