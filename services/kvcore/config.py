@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PREFILL_ORDERS = ("shortest", "fcfs")  # which prefills get a step's budget first (scheduler.py)
+
 
 @dataclass(frozen=True)
 class BatchingConfig:
@@ -25,8 +27,8 @@ class BatchingConfig:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_tokens_default"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.prefill_order not in ("shortest", "fcfs"):
-            raise ValueError(f"prefill_order must be 'shortest' or 'fcfs', not {self.prefill_order!r}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, not {self.prefill_order!r}")
 
     @property
     def capacity_tokens(self) -> int:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.kvcore.block_manager import BlockManager
+from services.kvcore.config import PREFILL_ORDERS
 from services.kvcore.request import CoreRequest, TokenStream
 from services.kvcore.timing import PrefillChunk, StepTiming
 
@@ -443,7 +444,6 @@ class Scheduler:
         self.preemptions += 1
 
 
-PREFILL_ORDERS = ("shortest", "fcfs")
 _WAITING = float("inf")  # the waiting head's place among running prefills with as many tokens left
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.settings import option
+from services.kvcore.config import PREFILL_ORDERS
 from services.replay.sim_worker import SimWorkerConfig
 from services.router.footprint import DEFAULT_FOOTPRINT_WINDOW
 from services.router.pending import DEFAULT_PENDING_TTL
@@ -24,7 +25,7 @@ class ReplaySettings:
     max_num_seqs: int = option(_WORKER.max_num_seqs, "Most requests per engine step.")
     max_num_batched_tokens: int = option(_WORKER.max_num_batched_tokens, "Token budget per step.")
     prefill_order: str = option(_WORKER.prefill_order, "Which prompts get a step's budget first (the worker's "
-                                "--prefill-order): shortest or fcfs.", choices=("shortest", "fcfs"))
+                                "--prefill-order): shortest or fcfs.", choices=PREFILL_ORDERS)
     overlap_weight: float = option(DEFAULT_OVERLAP_WEIGHT, "kv cost weight of prefill blocks.")
     router_temperature: float = option(0.0, "Softmax temperature of kv placement.")
     pending_prefix_ttl: float = option(DEFAULT_PENDING_TTL, "kv: simulated seconds a placement still counts as its "

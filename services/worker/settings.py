@@ -16,7 +16,7 @@ from typing import ClassVar
 from services.common import worker_registry as registry
 from services.common.service_settings import MeshServiceSettings
 from services.common.settings import option
-from services.kvcore.config import BatchingConfig
+from services.kvcore.config import PREFILL_ORDERS, BatchingConfig
 from services.kvcore.timing import DynamoTiming, StepTiming, TimingModel
 
 TIMING_MODELS = ("default", "dynamo")  # mocker step-time models (services/kvcore/timing.py)
@@ -117,7 +117,7 @@ class WorkerSettings(MeshServiceSettings):
     prefill_order: str = option(
         _BATCHING.prefill_order, "Which prompts get an engine step's token budget first: shortest (fewest tokens left "
         "to compute: an agent's next turn is not queued behind a cold long prompt) or fcfs (admission order); "
-        "mocker and torch engines.", choices=("shortest", "fcfs"))
+        "mocker and torch engines.", choices=PREFILL_ORDERS)
     speedup: float = option(_TIMING.speedup, "Mocker: divide every simulated step time by this factor.")
     timing_model: str = option(
         "default", "Mocker: step-time model. default: the prefill_*/decode_* coefficients below; dynamo: NVIDIA "
