@@ -21,9 +21,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-# kv-cache-tester slices of bench/agent_kv.py (seeds 0 and 1; idle gaps capped at 300 s), TTFT mean, window
-# 300 / 600 s: 89.9 / 91.6 and 98.1 / 103.0 ms at 16,384 blocks per worker; 117.6 / 119.7 and 137.9 / 134.6 ms
-# at 12,288 (KV pressure). Footprints off (seed 0): 98.0 and 131.0 ms.
+# kv-cache-tester slices of bench/agent_kv.py (seeds 0 and 1; idle gaps capped at 300 s), footprint weight 2,
+# TTFT mean, window 300 / 600 s: 89.9 / 91.6 and 98.1 / 103.0 ms at 16,384 blocks per worker; 117.6 / 119.7 and
+# 137.9 / 134.6 ms at 12,288 (KV pressure). Footprints off (seed 0): 98.0 and 131.0 ms.
 DEFAULT_FOOTPRINT_WINDOW = 300.0
 
 

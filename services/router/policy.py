@@ -58,11 +58,13 @@ MODES = ("kv", "round-robin", "random", "least-loaded")
 DEFAULT_OVERLAP_WEIGHT = 8.0
 
 # Cost of a block of another session's live context on a worker, for a prompt the worker would compute whole
-# (a block of prefill costs 8). kv-cache-tester slice at 12,288 blocks per worker (bench/agent_kv.py's, KV
-# pressure, window 600 s), TTFT mean: footprints off 131 ms; unscaled weight 0.5 / 1 / 1.5 / 2 / 4: 123 / 122 /
-# 123 / 127 / 131 ms; scaled by the share computed (as here) 1 / 2 / 4: 120 / 120 / 123 ms. At a 300 s window,
-# 2 / 4 give 89.9 / 90.8 ms at 16,384 blocks and 117.6 / 120.5 ms at 12,288.
-DEFAULT_LIVE_WEIGHT = 2.0
+# (a block of prefill costs 8). kv-cache-tester slice at 12,288 blocks per worker (bench/agent_kv.py's, window
+# 600 s), TTFT mean: footprints off 131 ms; unscaled weight 0.5 / 1 / 1.5 / 2 / 4: 123 / 122 / 123 / 127 / 131
+# ms; scaled by the share computed (as here) 1 / 2 / 4: 120 / 120 / 123 ms. At a 300 s window, weight 1 / 2 on
+# two slices (seeds 0, 1) at 16,384 / 12,288 / 11,264 / 10,240 blocks: 91.3, 97.5 / 117.6, 135.4 / 135.0, 148.3 /
+# 160.4, 171.1 ms against 89.9, 98.1 / 117.6, 137.9 / 139.4, 151.3 / 158.7, 174.6 ms (TTFT p99 at 11,264: 1,940,
+# 2,190 against 2,011, 2,305 ms; 1.5 is no better).
+DEFAULT_LIVE_WEIGHT = 1.0
 
 @dataclass(frozen=True)
 class Candidate:
